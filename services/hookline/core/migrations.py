@@ -1,0 +1,54 @@
+"""Versioned schema migrations, applied in order and recorded in hookline.schema_migrations.
+
+A transaction-level advisory lock serializes concurrent runs: N processes starting
+at once all call ``migrate``; the first applies, the others wait and then find
+nothing left to do.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import logging
+
+import asyncpg
+
+log = logging.getLogger(__name__)
+
+# Any constant shared by every Hookline process; "hookline" as a 64-bit integer.
+_ADVISORY_LOCK_KEY = 0x686F6F6B6C696E65 - 2**63
+
+
+def available() -> list[tuple[int, str, str]]:
+    """(version, name, sql) of every migration shipped in the package, in order."""
+    folder = importlib.resources.files("hookline.core").joinpath("sql/migrations")
+    found = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".sql"):
+            version = int(entry.name.split("_", 1)[0])
+            found.append((version, entry.name, entry.read_text()))
+    return sorted(found)
+
+
+async def migrate(conn: asyncpg.Connection) -> list[str]:
+    """Apply every migration not applied yet; return the names applied."""
+    applied_now: list[str] = []
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _ADVISORY_LOCK_KEY)
+        await conn.execute("CREATE SCHEMA IF NOT EXISTS hookline")
+        await conn.execute(
+            """CREATE TABLE IF NOT EXISTS hookline.schema_migrations (
+                   version integer PRIMARY KEY,
+                   name text NOT NULL,
+                   applied_at timestamptz NOT NULL DEFAULT now())"""
+        )
+        done = {r["version"] for r in await conn.fetch("SELECT version FROM hookline.schema_migrations")}
+        for version, name, sql in available():
+            if version in done:
+                continue
+            log.info("applying migration", extra={"migration": name})
+            await conn.execute(sql)
+            await conn.execute(
+                "INSERT INTO hookline.schema_migrations (version, name) VALUES ($1, $2)", version, name
+            )
+            applied_now.append(name)
+    return applied_now

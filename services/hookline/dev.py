@@ -1,0 +1,118 @@
+"""``hookline dev``: the whole stack in one process on an embedded Postgres."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.resources
+import json
+import logging
+import shlex
+import time
+import uuid
+from pathlib import Path
+
+from hookline.core import db, migrations
+from hookline.core.config import ConfigError
+from hookline.core.embedded import EmbeddedPostgres, free_port
+from hookline.core.http import run_until_stopped
+from hookline.core.providers import Provider, ProviderRegistry, SpecError
+from hookline.core.signatures import get_scheme
+
+log = logging.getLogger("hookline.dev")
+DATABASE = "hookline"
+
+
+def _stable_port(data_dir: Path) -> int:
+    """Reuse the last port so the printed database URL stays the same across restarts."""
+    port_file = data_dir / "postgres.port"
+    if port_file.exists():
+        return int(port_file.read_text())
+    port = free_port()
+    port_file.write_text(str(port))
+    return port
+
+
+async def _ensure_database(server_url: str) -> None:
+    conn = await db.connect(server_url)
+    try:
+        if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", DATABASE):
+            await conn.execute(f'CREATE DATABASE "{DATABASE}"')
+    finally:
+        await conn.close()
+
+
+def curl_example(receiver_url: str, provider: Provider) -> str | None:
+    """A ready-to-paste curl command carrying a valid signature for ``provider``."""
+    if not provider.signature.secrets and provider.signature.scheme != "none":
+        return None
+    body = json.dumps({"id": f"evt_{uuid.uuid4().hex[:12]}", "type": "example.created",
+                       "data": {"hello": "world"}}, separators=(",", ":")).encode()
+    headers = get_scheme(provider.signature.scheme).sign(
+        provider.signature, body, msg_id=f"msg_{uuid.uuid4().hex[:12]}", timestamp=int(time.time())
+    )
+    parts = ["curl", "-sS", "-X", "POST", f"{receiver_url}/webhooks/{provider.name}",
+             "-H", "content-type: application/json"]
+    for key, value in headers.items():
+        parts += ["-H", f"{key}: {value}"]
+    parts += ["--data-raw", body.decode()]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+async def run_dev(args: argparse.Namespace) -> int:
+    from hookline.commands import apply_providers
+    from hookline.receiver.app import Receiver
+
+    data_dir: Path = args.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = EmbeddedPostgres(data_dir, port=_stable_port(data_dir))
+    log.info("starting embedded Postgres", extra={"data_dir": str(data_dir)})
+    await asyncio.to_thread(server.start)
+    try:
+        await _ensure_database(server.url)
+        url = server.url_for(DATABASE)
+        conn = await db.connect(url)
+        try:
+            await migrations.migrate(conn)
+            if args.providers:
+                text = args.providers.read_text()
+            else:
+                text = importlib.resources.files("hookline.examples").joinpath("providers.yaml").read_text()
+            try:
+                for line in await apply_providers(conn, text):
+                    print(line, flush=True)
+            except SpecError as exc:
+                raise ConfigError(f"{args.providers or 'example providers'}: {exc}") from None
+        finally:
+            await conn.close()
+
+        pool = await db.create_pool(url, max_size=12)
+        registry = ProviderRegistry(pool)
+        await registry.start()
+        receiver = Receiver(pool, registry, args.host, args.port)
+        services = [receiver]
+
+        async def start() -> None:
+            for service in services:
+                await service.start()
+            receiver_url = f"http://{args.host}:{args.port}"
+            print(f"\nHookline is running.\n  receiver:  {receiver_url}/webhooks/<provider>\n"
+                  f"  database:  {url}\n  metrics:   {receiver_url}/metrics\n", flush=True)
+            for provider in registry.all().values():
+                example = curl_example(receiver_url, provider)
+                if example:
+                    print(f"Send a signed test event to '{provider.name}' (valid for "
+                          f"{provider.signature.tolerance_seconds} s):\n  {example}\n", flush=True)
+            print("Press Ctrl-C to stop.", flush=True)
+
+        async def stop() -> None:
+            for service in reversed(services):
+                await service.stop()
+            await registry.stop()
+            await pool.close()
+
+        await run_until_stopped(start, stop)
+    finally:
+        await asyncio.to_thread(server.stop)
+        print("stopped.", flush=True)
+    return 0

@@ -1,0 +1,1 @@
+"""Example providers and handlers used by ``hookline dev``."""

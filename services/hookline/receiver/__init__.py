@@ -1,0 +1,1 @@
+"""The ingest service: verify, store idempotently, answer after commit."""

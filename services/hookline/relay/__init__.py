@@ -1,0 +1,1 @@
+"""The outbox relay: delivers outgoing webhooks signed per Standard Webhooks."""

@@ -1,0 +1,1 @@
+"""The inbox worker: claims leased events and applies each effect once."""
