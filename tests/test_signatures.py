@@ -325,6 +325,19 @@ def test_timestamp_is_part_of_the_signature(timed: Case) -> None:
     assert _fail(timed, headers).code == "invalid_signature"
 
 
+@pytest.mark.parametrize(
+    "raw_ts", ["1" + "0" * 400, "\u0661\u0667\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0660"]
+)
+def test_correctly_signed_absurd_timestamp_is_malformed(raw_ts: str) -> None:
+    # Signed with the right secret, so only the timestamp parsing can reject it: an overflow in
+    # the tolerance arithmetic (or int() accepting non-ASCII digits) must not slip through.
+    case = next(c for c in CASES if c.scheme == "slack")
+    digest = _mac(RAW_A, f"v0:{raw_ts}:".encode() + BODY).hex()
+    headers = {"X-Slack-Signature": f"v0={digest}", "X-Slack-Request-Timestamp": raw_ts}
+    error = _fail(case, headers)
+    assert error.code == "invalid_signature" and "X-Slack-Request-Timestamp" in error.message
+
+
 # --- Standard Webhooks, both directions with the official library -----------------------------
 
 

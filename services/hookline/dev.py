@@ -75,7 +75,7 @@ async def run_dev(args: argparse.Namespace) -> int:
         try:
             await migrations.migrate(conn)
             if args.providers:
-                text = args.providers.read_text()
+                text = await asyncio.to_thread(args.providers.read_text)
             else:
                 text = importlib.resources.files("hookline.examples").joinpath("providers.yaml").read_text()
             try:

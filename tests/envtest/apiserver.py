@@ -81,41 +81,59 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text[-lines:])
 
 
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
+def _openssl_cert(pki: Path, name: str, subject: str, extensions: list[str], issuer: str | None) -> None:
+    """Write ``<name>.key`` (ECDSA P-256: instant to generate) and ``<name>.crt``, signed by ``issuer``."""
+    args = ["openssl", "req", "-x509", "-days", "2", "-nodes"]
+    args += ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
+    # An empty config: the system openssl.cnf would mark every -x509 certificate CA:TRUE.
+    args += ["-config", str(pki / "openssl.cnf"), "-subj", subject]
+    args += ["-keyout", str(pki / f"{name}.key"), "-out", str(pki / f"{name}.crt")]
+    if issuer:
+        args += ["-CA", str(pki / f"{issuer}.crt"), "-CAkey", str(pki / f"{issuer}.key")]
+    for extension in [*extensions, "subjectKeyIdentifier=hash"]:
+        args += ["-addext", extension]
+    subprocess.run(args, check=True, capture_output=True)
 
 
 def _make_pki(pki: Path) -> None:
     """A throwaway CA, the API server's serving cert, an admin client cert and the SA signing key.
 
     The ``openssl`` CLI is used because the ``cryptography`` package is not a project dependency.
-    ECDSA P-256 keeps generation instant; Go and Python's ssl both accept it.
     """
-    # An empty config: the system openssl.cnf would add CA:TRUE to every certificate made with -x509.
     (pki / "openssl.cnf").write_text("[req]\ndistinguished_name = dn\n[dn]\n")
-    req = ("req", "-config", str(pki / "openssl.cnf"), "-x509", "-days", "2", "-nodes",
-           "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1")  # fmt: skip
-    _openssl(
-        *req, "-subj", "/CN=hookline-envtest-ca", "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"),
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        "-addext", "subjectKeyIdentifier=hash",
-    )  # fmt: skip
+    _openssl_cert(
+        pki,
+        "ca",
+        "/CN=hookline-envtest-ca",
+        ["basicConstraints=critical,CA:TRUE", "keyUsage=critical,keyCertSign,cRLSign"],
+        None,
+    )
+    leaf = [
+        "basicConstraints=critical,CA:FALSE",
+        "keyUsage=critical,digitalSignature",
+        "authorityKeyIdentifier=keyid",
+    ]
     sans = "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:127.0.0.1"
-    leaves = {
-        # name: (subject, extensions); group system:masters is what makes the admin cluster-admin.
-        "serving": ("/CN=kube-apiserver", [f"subjectAltName={sans}", "extendedKeyUsage=serverAuth"]),
-        "admin": (f"/O=system:masters/CN={ADMIN_USER}", ["extendedKeyUsage=clientAuth"]),
-    }
-    for name, (subject, extensions) in leaves.items():
-        extensions += ["basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature",
-                       "subjectKeyIdentifier=hash", "authorityKeyIdentifier=keyid"]  # fmt: skip
-        _openssl(
-            *req, "-subj", subject, *(arg for ext in extensions for arg in ("-addext", ext)),
-            "-CA", str(pki / "ca.crt"), "-CAkey", str(pki / "ca.key"),
-            "-keyout", str(pki / f"{name}.key"), "-out", str(pki / f"{name}.crt"),
-        )  # fmt: skip
-    _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(pki / "sa.key"))
-    _openssl("ec", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+    _openssl_cert(
+        pki,
+        "serving",
+        "/CN=kube-apiserver",
+        [*leaf, f"subjectAltName={sans}", "extendedKeyUsage=serverAuth"],
+        "ca",
+    )
+    # Group (O) system:masters is what makes this user a cluster admin, whatever RBAC says.
+    _openssl_cert(
+        pki, "admin", f"/O=system:masters/CN={ADMIN_USER}", [*leaf, "extendedKeyUsage=clientAuth"], "ca"
+    )
+    sa_key = str(pki / "sa.key")
+    subprocess.run(
+        ["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", sa_key], check=True
+    )
+    subprocess.run(
+        ["openssl", "ec", "-in", sa_key, "-pubout", "-out", str(pki / "sa.pub")],
+        check=True,
+        capture_output=True,
+    )
 
 
 class ApiServer:
@@ -172,7 +190,9 @@ class ApiServer:
         pki.mkdir()
         _make_pki(pki)
         # Format: token,user,uid,"group1,group2".
-        self._path("tokens.csv").write_text(f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+        self._path("tokens.csv").write_text(
+            f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n'
+        )
 
         etcd_port, peer_port, self.port = _free_port(), _free_port(), _free_port()
         etcd_url, peer_url = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{peer_port}"
@@ -249,11 +269,19 @@ class ApiServer:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "envtest", "cluster": {"server": self.url, "certificate-authority": str(pki / "ca.crt")}}],
+            "clusters": [
+                {
+                    "name": "envtest",
+                    "cluster": {"server": self.url, "certificate-authority": str(pki / "ca.crt")},
+                }
+            ],
             "users": [
                 {
                     "name": ADMIN_USER,
-                    "user": {"client-certificate": str(pki / "admin.crt"), "client-key": str(pki / "admin.key")},
+                    "user": {
+                        "client-certificate": str(pki / "admin.crt"),
+                        "client-key": str(pki / "admin.key"),
+                    },
                 }
             ],
             "contexts": [{"name": "envtest", "context": {"cluster": "envtest", "user": ADMIN_USER}}],
@@ -285,16 +313,28 @@ class ApiServer:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
 
     def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
+        self,
+        *args: str,
+        input: str | None = None,
+        token: str | None = None,
+        check: bool = True,
+        timeout: float = 60.0,
     ) -> subprocess.CompletedProcess[str]:
-        """Run the real kubectl as the admin; raise KubectlError (with kubectl's message) on failure."""
-        argv = [
-            str(self.assets / "kubectl"),
-            f"--kubeconfig={self.kubeconfig}",
-            # Keep the discovery cache with this server instead of in ~/.kube/cache.
-            f"--cache-dir={self._path('kubectl-cache')}",
-            *args,
-        ]
+        """Run the real kubectl, as the admin or, given `token`, as that bearer token's identity.
+
+        Raises KubectlError (carrying kubectl's own message) on failure unless check=False.
+        """
+        if token is None:
+            auth = [f"--kubeconfig={self.kubeconfig}"]
+        else:  # no kubeconfig at all, or its admin client certificate would win over the token
+            auth = [
+                "--kubeconfig=/dev/null",
+                f"--server={self.url}",
+                f"--certificate-authority={self.ca_file}",
+            ]
+            auth.append(f"--token={token}")
+        # Keep the discovery cache with this server instead of in ~/.kube/cache.
+        argv = [str(self.assets / "kubectl"), *auth, f"--cache-dir={self._path('kubectl-cache')}", *args]
         result = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
             raise KubectlError(result.returncode, argv, result.stdout, result.stderr)

@@ -197,6 +197,10 @@ def parse_provider(name: str, spec: Mapping[str, Any], secrets: Iterable[str] = 
         transitions = []
         for i, t in enumerate(raw_transitions):
             where = f"spec.ordering.transitions[{i}]"
+            if isinstance(t, Mapping):
+                # YAML 1.1 reads an unquoted `on:` key as the boolean true (kubectl's parser
+                # turns it into "true"); accept both so the contract's examples work as written.
+                t = {("on" if k in (True, "true") else k): v for k, v in t.items()}
             if not isinstance(t, Mapping) or not isinstance(t.get("on"), str) or not isinstance(t.get("to"), str):
                 raise SpecError(f"{where} needs 'on' (an event type) and 'to' (a state)")
             from_states = t.get("from", [None])
@@ -226,14 +230,14 @@ def parse_provider(name: str, spec: Mapping[str, Any], secrets: Iterable[str] = 
 
 def split_file_secrets(spec: Mapping[str, Any]) -> tuple[dict[str, Any], list[str] | None]:
     """Split a providers-file spec into (spec without secrets, secrets or None when absent)."""
-    spec = json.loads(json.dumps(spec))  # deep copy, and proves it is plain JSON
-    sig = spec.get("signature")
+    copy: dict[str, Any] = json.loads(json.dumps(spec))  # deep copy, and proves it is plain JSON
+    sig = copy.get("signature")
     if not isinstance(sig, dict) or "secrets" not in sig:
-        return spec, None
+        return copy, None
     secrets = sig.pop("secrets")
     if not isinstance(secrets, list) or not all(isinstance(s, str) and s for s in secrets):
         raise SpecError("spec.signature.secrets must be a list of non-empty strings")
-    return spec, secrets
+    return copy, secrets
 
 
 def active_secrets(stored: Iterable[Mapping[str, Any]], now: datetime | None = None) -> list[str]:

@@ -23,7 +23,7 @@ from aiohttp import web
 from hookline.core import http, metrics
 from hookline.core.jsonpointer import resolve
 from hookline.core.providers import FieldRule, Provider, ProviderRegistry
-from hookline.core.signatures import SignatureError, get_scheme, verify
+from hookline.core.signatures import SignatureError, signature_headers_for, verify
 from hookline.receiver.group_commit import GroupCommitter, InboxRow
 
 log = logging.getLogger(__name__)
@@ -85,9 +85,7 @@ def extract(rule: FieldRule, headers: Mapping[str, str], body: _Body) -> str | N
 
 
 def stored_headers(headers: Mapping[str, str], provider: Provider) -> dict[str, str]:
-    dropped = ALWAYS_DROPPED | get_scheme(provider.signature.scheme).signature_headers
-    if provider.signature.header:
-        dropped = dropped | {provider.signature.header.lower()}
+    dropped = ALWAYS_DROPPED | signature_headers_for(provider.signature)
     return {k: v for k, v in headers.items() if k.lower() not in dropped}
 
 

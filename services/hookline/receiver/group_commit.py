@@ -53,8 +53,7 @@ class GroupCommitter:
 
     async def stop(self) -> None:
         # Rows already queued are still written: their requests are waiting for an answer.
-        while not self._queue.empty():
-            await asyncio.sleep(0.01)
+        await self._queue.join()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -79,21 +78,28 @@ class GroupCommitter:
                 await asyncio.sleep(self._window)
                 self._take_ready(batch)
             try:
-                stored = await self._write([row for row, _ in batch])
-            except Exception as exc:
-                log.warning("group commit failed", extra={"rows": len(batch), "error": repr(exc)[:300]})
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            seen: set[tuple[str, str]] = set()
-            for row, future in batch:
-                key = (row.provider, row.event_id)
-                # Two requests for the same event in one batch: the first is the one stored.
-                is_new = key in stored and key not in seen
-                seen.add(key)
+                await self._flush(batch)
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def _flush(self, batch: list[tuple[InboxRow, asyncio.Future[bool]]]) -> None:
+        try:
+            stored = await self._write([row for row, _ in batch])
+        except Exception as exc:
+            log.warning("group commit failed", extra={"rows": len(batch), "error": repr(exc)[:300]})
+            for _, future in batch:
                 if not future.done():
-                    future.set_result(is_new)
+                    future.set_exception(exc)
+            return
+        seen: set[tuple[str, str]] = set()
+        for row, future in batch:
+            key = (row.provider, row.event_id)
+            # Two requests for the same event in one batch: the first is the one stored.
+            is_new = key in stored and key not in seen
+            seen.add(key)
+            if not future.done():
+                future.set_result(is_new)
 
     async def _write(self, rows: list[InboxRow]) -> set[tuple[str, str]]:
         columns: list[list[Any]] = [[], [], [], [], [], [], []]

@@ -1,0 +1,62 @@
+"""Fixtures for tests against a real kube-apiserver (see tests/envtest/README.md).
+
+`apiserver` (session): etcd + kube-apiserver with the CRDs from crds/ installed and Established.
+`namespace` (function): a fresh namespace per test, so tests never see each other's objects.
+Every test in this folder is marked `k8s`, so `pytest -m "not k8s"` leaves them out.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+# tests/ is not a package; make tests/envtest/apiserver.py importable from here.
+sys.path.insert(0, str(REPO / "tests" / "envtest"))
+
+from apiserver import ApiServer, find_assets  # noqa: E402
+
+ADVICE = (
+    "no kube-apiserver/etcd/kubectl found: run `make envtest` to build kube-apiserver/etcd/kubectl once "
+    "(cached in ~/.cache/hookline/envtest), or point KUBEBUILDER_ASSETS at them"
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # This hook sees the whole session's items; mark only the ones living under this folder.
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.k8s)
+
+
+@pytest.fixture(scope="session")
+def apiserver() -> Iterator[ApiServer]:
+    assets = find_assets()
+    if assets is None:
+        if os.environ.get("HOOKLINE_REQUIRE_K8S") == "1":
+            pytest.fail(ADVICE)
+        pytest.skip(ADVICE)
+    with ApiServer(assets) as server:
+        # Server-side apply: client-side apply stores the whole CRD in an annotation, and
+        # schemas with descriptions outgrow its 256 KiB limit.
+        applied = server.kubectl(
+            "apply", "--server-side", "--field-manager=hookline-tests", "-o", "name", "-f", str(REPO / "crds")
+        )
+        crds = applied.stdout.split()
+        server.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crds)
+        yield server
+
+
+@pytest.fixture
+def namespace(apiserver: ApiServer) -> str:
+    # Never deleted: without kube-controller-manager a namespace would stay Terminating anyway,
+    # and the whole server is thrown away at the end of the session.
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    apiserver.kubectl("create", "namespace", name)
+    return name

@@ -1,0 +1,41 @@
+"""Test databases on one Postgres server."""
+
+from __future__ import annotations
+
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from hookline.core.embedded import EmbeddedPostgres
+
+TEMPLATE = "hookline_test_template"
+
+
+def with_database(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+
+
+class PgServer:
+    def __init__(self, admin_url: str, embedded: EmbeddedPostgres | None) -> None:
+        self.admin_url = admin_url
+        self.embedded = embedded
+
+    def url_for(self, name: str) -> str:
+        return with_database(self.admin_url, name)
+
+    async def create_database(self) -> str:
+        name = f"t_{uuid.uuid4().hex[:16]}"
+        conn = await asyncpg.connect(self.admin_url)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE}"')
+        finally:
+            await conn.close()
+        return name
+
+    async def drop_database(self, name: str) -> None:
+        conn = await asyncpg.connect(self.admin_url)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()

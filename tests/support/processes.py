@@ -1,0 +1,87 @@
+"""Real Hookline processes for tests: started with the real CLI, stopped with real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from hookline.core.embedded import free_port
+
+
+class ServiceProcess:
+    """``python -m hookline <args>`` with HOOKLINE_DATABASE_URL set, logging to a file."""
+
+    def __init__(self, args: list[str], database_url: str, log_dir: Path, *, port: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.args = args
+        self.port = port
+        self.log_path = log_dir / f"{args[0]}-{time.monotonic_ns()}.log"
+        self.env = {**os.environ, "HOOKLINE_DATABASE_URL": database_url, "HOOKLINE_LOG_FORMAT": "text",
+                    **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, wait_path: str | None = "/healthz", timeout: float = 30.0) -> ServiceProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "hookline", *self.args], env=self.env,
+                                     stdout=log, stderr=subprocess.STDOUT)
+        if wait_path and self.port:
+            deadline = time.monotonic() + timeout
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.args} exited with {self.proc.returncode}:\n{self.logs()}")
+                try:
+                    with urllib.request.urlopen(self.url + wait_path, timeout=1) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.args} not up after {timeout}s:\n{self.logs()}")
+                time.sleep(0.05)
+        return self
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def signal(self, sig: int) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        if self.proc:
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def receiver(database_url: str, log_dir: Path, *extra: str) -> ServiceProcess:
+    port = free_port()
+    return ServiceProcess(["receiver", "--host", "127.0.0.1", "--port", str(port), *extra],
+                          database_url, log_dir, port=port).start("/readyz")
+
+
+def hookline_cli(database_url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a one-shot ``hookline`` command and return its result (never raises on failure)."""
+    env = {**os.environ, "HOOKLINE_DATABASE_URL": database_url, "HOOKLINE_LOG_FORMAT": "text"}
+    return subprocess.run([sys.executable, "-m", "hookline", *args], env=env, input=stdin,
+                          capture_output=True, text=True, timeout=60, check=False)
