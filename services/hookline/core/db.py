@@ -18,7 +18,7 @@ from hookline.core.config import database_url
 _QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
-def _parse_queries(text: str) -> dict[str, str]:
+def parse_queries(text: str) -> dict[str, str]:
     parts = _QUERY_HEADER.split(text)
     # parts = [preamble, name1, body1, name2, body2, ...]
     return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
@@ -27,7 +27,7 @@ def _parse_queries(text: str) -> dict[str, str]:
 @functools.cache
 def _queries() -> dict[str, str]:
     text = importlib.resources.files("hookline.core").joinpath("sql/queries.sql").read_text()
-    return _parse_queries(text)
+    return parse_queries(text)
 
 
 def query(name: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 
 from hookline.core import db
+from hookline.core.queue import RetryPolicy
 from hookline.core.signatures import SignatureConfig, get_scheme, validate_config
 
 log = logging.getLogger(__name__)
@@ -43,13 +44,6 @@ class FieldRule:
 
     def describe(self) -> str:
         return f"JSON pointer {self.path}" if self.source == "json" else f"header {self.path}"
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    max_attempts: int = 12
-    initial_delay: float = 5.0
-    max_delay: float = 3600.0
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,156 @@
+"""Leased claiming over a Postgres table: the one mechanism behind the inbox and the outbox.
+
+A queue table has the columns ``id bigint, status text, attempts int,
+next_attempt_at, lease_expires_at, locked_by, last_error, processed_at,
+deferred_since`` and a partition column (``provider`` for the inbox,
+``endpoint`` for outbox deliveries), plus a partial index on
+``(partition, next_attempt_at, id) WHERE status = 'pending'``. The SQL is in
+``sql/queue.sql``; this module fills in the table names once and gives it types.
+
+Every write after the claim is guarded by (id, attempts, locked_by): a worker
+whose lease was swept and re-claimed by another cannot overwrite the newer
+attempt's outcome.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from hookline.core.db import parse_queries
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter: attempt n waits between ``initial_delay`` and
+    min(max_delay, initial_delay * 2**(n-1)), uniformly. Spreading retries over the
+    whole window keeps a burst of failures from retrying in lock-step."""
+
+    max_attempts: int = 12
+    initial_delay: float = 5.0
+    max_delay: float = 3600.0
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        cap = min(self.max_delay, self.initial_delay * 2 ** min(max(attempt, 1) - 1, 30))
+        low = min(self.initial_delay, cap)
+        return float(low + (rng or random).random() * (cap - low))
+
+    def next_delay(self, attempt: int, retry_after: float | None = None, rng: random.Random | None = None) -> float:
+        """The wait before the next attempt; a server's Retry-After is honoured (up to max_delay)."""
+        delay = self.delay(attempt, rng)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, self.max_delay))
+        return delay
+
+
+@functools.cache
+def _templates() -> dict[str, str]:
+    return parse_queries(importlib.resources.files("hookline.core").joinpath("sql/queue.sql").read_text())
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    requeued: dict[str, int]
+    dead: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.requeued.values()) + sum(self.dead.values())
+
+
+@dataclass(frozen=True)
+class PartitionStats:
+    backlog: int
+    oldest_pending_seconds: float
+    dead: int
+
+
+class Queue:
+    """The queue operations for one table, e.g. ``Queue("hookline.inbox", "provider")``."""
+
+    def __init__(self, table: str, partition: str) -> None:
+        self.table = table
+        self.partition = partition
+        self._sql = {name: sql.format(table=table, partition=partition) for name, sql in _templates().items()}
+
+    def sql(self, name: str) -> str:
+        return self._sql[name]
+
+    async def claim(self, conn: asyncpg.Connection | asyncpg.Pool, partition: str, limit: int, worker: str,
+                    lease_seconds: float) -> list[asyncpg.Record]:
+        return list(await conn.fetch(self._sql["claim"], partition, limit, worker, float(lease_seconds)))
+
+    async def extend_leases(self, conn: asyncpg.Connection | asyncpg.Pool, ids: Sequence[int], worker: str,
+                            lease_seconds: float) -> set[int]:
+        rows = await conn.fetch(self._sql["extend_leases"], list(ids), worker, float(lease_seconds))
+        return {r["id"] for r in rows}
+
+    async def lock_own(self, conn: asyncpg.Connection, id: int, attempts: int, worker: str) -> bool:
+        return await conn.fetchval(self._sql["lock_own"], id, worker, attempts) is not None
+
+    async def complete(self, conn: asyncpg.Connection | asyncpg.Pool, done: Sequence[tuple[int, int]],
+                       worker: str) -> set[int]:
+        rows = await conn.fetch(self._sql["complete"], [d[0] for d in done], [d[1] for d in done], worker)
+        return {r["id"] for r in rows}
+
+    async def retry(self, conn: asyncpg.Connection | asyncpg.Pool, id: int, attempts: int, worker: str,
+                    delay: float, error: str) -> bool:
+        return await conn.fetchval(self._sql["retry"], id, attempts, worker, float(delay), error) is not None
+
+    async def bury(self, conn: asyncpg.Connection | asyncpg.Pool, id: int, attempts: int, worker: str,
+                   error: str) -> bool:
+        return await conn.fetchval(self._sql["bury"], id, attempts, worker, error) is not None
+
+    async def release(self, conn: asyncpg.Connection | asyncpg.Pool, ids: Sequence[int], worker: str,
+                      delay: float = 0.0) -> set[int]:
+        rows = await conn.fetch(self._sql["release"], list(ids), worker, float(delay))
+        return {r["id"] for r in rows}
+
+    async def sweep_expired(self, conn: asyncpg.Connection | asyncpg.Pool, policies: dict[str, RetryPolicy],
+                            default: RetryPolicy = RetryPolicy(), limit: int = 1000) -> SweepResult:
+        names = list(policies)
+        rows = await conn.fetch(
+            self._sql["sweep_expired"], names,
+            [policies[n].max_attempts for n in names], [policies[n].initial_delay for n in names],
+            [policies[n].max_delay for n in names],
+            default.max_attempts, default.initial_delay, default.max_delay, limit,
+        )
+        requeued: dict[str, int] = {}
+        dead: dict[str, int] = {}
+        for r in rows:
+            target = dead if r["status"] == "dead" else requeued
+            target[r["partition"]] = target.get(r["partition"], 0) + 1
+        return SweepResult(requeued, dead)
+
+    async def replay_dead(self, conn: asyncpg.Connection | asyncpg.Pool, partition: str | None = None,
+                          since: datetime | None = None, until: datetime | None = None) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in await conn.fetch(self._sql["replay_dead"], partition, since, until):
+            counts[r["partition"]] = counts.get(r["partition"], 0) + 1
+        return counts
+
+    async def stats(self, conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, PartitionStats]:
+        return {
+            r["partition"]: PartitionStats(int(r["backlog"]), float(r["oldest_pending_seconds"]), int(r["dead"]))
+            for r in await conn.fetch(self._sql["stats"])
+        }
+
+    async def in_flight(self, conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, int]:
+        return {r["partition"]: int(r["processing"]) for r in await conn.fetch(self._sql["in_flight"])}
+
+
+INBOX = Queue("hookline.inbox", "provider")
+
+
+def truncate_error(message: str, secrets: Iterable[str] = (), limit: int = 2000) -> str:
+    """An error message safe to store: secrets masked, length bounded."""
+    for secret in secrets:
+        if secret:
+            message = message.replace(secret, "***")
+    return message if len(message) <= limit else message[: limit - 15] + "... (truncated)"

@@ -1,0 +1,141 @@
+-- The queue mechanics shared by the inbox (partition column: provider) and the
+-- outbox deliveries (partition column: endpoint). {table} and {partition} are
+-- filled in once per queue by hookline.core.queue; parameters stay parameters.
+--
+-- Lifecycle: pending -> processing (claimed, leased, attempts + 1) -> done | pending
+-- (retry, deferral, released lease) | dead. Attempts are counted at claim time, so
+-- an attempt whose worker dies still counts when its lease expires.
+
+-- name: claim
+-- One statement claims a batch: the CTE picks the oldest due rows of one
+-- partition through the partial "claimable" index, skipping rows another worker
+-- has locked this instant, and the UPDATE leases them to this worker.
+WITH picked AS (
+    SELECT id FROM {table}
+    WHERE status = 'pending' AND {partition} = $1 AND next_attempt_at <= now()
+    ORDER BY next_attempt_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {table} AS t
+SET status = 'processing',
+    attempts = t.attempts + 1,
+    locked_by = $3,
+    lease_expires_at = now() + make_interval(secs => $4)
+FROM picked
+WHERE t.id = picked.id
+RETURNING t.*;
+
+-- name: extend_leases
+-- Heartbeat. Rows locked right now are rows our own handler transaction holds:
+-- nobody else can take them either, so skipping them is safe. The ids NOT
+-- returned (and not locked by us) are leases this worker has lost.
+WITH mine AS (
+    SELECT id FROM {table}
+    WHERE id = ANY($1::bigint[]) AND status = 'processing' AND locked_by = $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {table} AS t SET lease_expires_at = now() + make_interval(secs => $3)
+FROM mine WHERE t.id = mine.id
+RETURNING t.id;
+
+-- name: lock_own
+-- Inside a handler's transaction: lock the row and prove the lease is still ours
+-- (same worker, same attempt). No row means the lease was lost: roll back.
+SELECT id FROM {table}
+WHERE id = $1 AND status = 'processing' AND locked_by = $2 AND attempts = $3
+FOR UPDATE;
+
+-- name: complete
+-- Batched completions: (id, attempts) pairs; a pair whose lease was lost is skipped.
+UPDATE {table} AS t
+SET status = 'done', processed_at = now(), lease_expires_at = NULL, locked_by = NULL,
+    last_error = NULL, deferred_since = NULL
+FROM unnest($1::bigint[], $2::integer[]) AS c(id, attempts)
+WHERE t.id = c.id AND t.attempts = c.attempts AND t.status = 'processing' AND t.locked_by = $3
+RETURNING t.id;
+
+-- name: retry
+UPDATE {table}
+SET status = 'pending', next_attempt_at = now() + make_interval(secs => $4), lease_expires_at = NULL,
+    locked_by = NULL, last_error = $5
+WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
+RETURNING id;
+
+-- name: bury
+UPDATE {table}
+SET status = 'dead', processed_at = now(), lease_expires_at = NULL, locked_by = NULL, last_error = $4
+WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
+RETURNING id;
+
+-- name: release
+-- Give leases back without counting the attempt (shutdown before the work began,
+-- or a deferral: waiting for a predecessor is not a failure).
+UPDATE {table} AS t
+SET status = 'pending', attempts = t.attempts - 1, lease_expires_at = NULL, locked_by = NULL,
+    next_attempt_at = now() + make_interval(secs => $3)
+FROM unnest($1::bigint[]) AS r(id)
+WHERE t.id = r.id AND t.status = 'processing' AND t.locked_by = $2
+RETURNING t.id;
+
+-- name: sweep_expired
+-- The rescuer: leases that ran out go back to pending — or to dead once the
+-- partition's maxAttempts is used up — with the attempt counted, and the same
+-- backoff as a failed attempt. Policies come in as arrays (partition,
+-- max_attempts, initial_delay, max_delay); unknown partitions get the defaults
+-- $5..$7. Locked rows are skipped: a worker still holding its row lock is still
+-- working on it.
+WITH policy AS (
+    SELECT * FROM unnest($1::text[], $2::integer[], $3::float8[], $4::float8[])
+        AS p(name, max_attempts, initial_delay, max_delay)
+), expired AS (
+    SELECT e.id, e.attempts >= coalesce(p.max_attempts, $5) AS exhausted,
+           coalesce(p.initial_delay, $6) AS initial_delay, coalesce(p.max_delay, $7) AS max_delay
+    FROM (
+        SELECT id, {partition} AS part, attempts FROM {table}
+        WHERE status = 'processing' AND lease_expires_at < now()
+        ORDER BY lease_expires_at
+        LIMIT $8
+        FOR UPDATE SKIP LOCKED
+    ) AS e
+    LEFT JOIN policy AS p ON p.name = e.part
+)
+UPDATE {table} AS t
+SET status = CASE WHEN x.exhausted THEN 'dead' ELSE 'pending' END,
+    processed_at = CASE WHEN x.exhausted THEN now() END,
+    next_attempt_at = now() + make_interval(secs => x.initial_delay + random() * greatest(0,
+        least(x.max_delay, x.initial_delay * 2 ^ least(t.attempts - 1, 30)) - x.initial_delay)),
+    last_error = format('lease expired during attempt %s (worker %s died or stalled)', t.attempts, t.locked_by),
+    lease_expires_at = NULL,
+    locked_by = NULL
+FROM expired AS x
+WHERE t.id = x.id
+RETURNING t.id, t.{partition} AS partition, t.status;
+
+-- name: replay_dead
+-- Requeue dead rows (all, or one partition), optionally only those that died
+-- within [since, until). Attempts restart so the retry policy applies afresh.
+UPDATE {table}
+SET status = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL, processed_at = NULL,
+    deferred_since = NULL
+WHERE status = 'dead'
+  AND ($1::text IS NULL OR {partition} = $1)
+  AND ($2::timestamptz IS NULL OR processed_at >= $2)
+  AND ($3::timestamptz IS NULL OR processed_at < $3)
+RETURNING id, {partition} AS partition;
+
+-- name: stats
+-- Backlog per partition for metrics, status and autoscaling. Both filters match
+-- partial indexes (claimable, dead), so this reads indexes, not the table.
+SELECT {partition} AS partition,
+       count(*) FILTER (WHERE status = 'pending') AS backlog,
+       coalesce(extract(epoch FROM now() - min(next_attempt_at) FILTER (WHERE status = 'pending')), 0)
+           AS oldest_pending_seconds,
+       count(*) FILTER (WHERE status = 'dead') AS dead
+FROM {table}
+WHERE status IN ('pending', 'dead')
+GROUP BY {partition};
+
+-- name: in_flight
+SELECT {partition} AS partition, count(*) AS processing FROM {table}
+WHERE status = 'processing' GROUP BY {partition};
