@@ -284,6 +284,7 @@ kind: WebhookProvider
 metadata: {name: late}
 spec:
   signature: {scheme: none}
+  handler: "hookline.examples.handlers:log_event"
 """
     result = hookline_cli(module_db, "providers", "apply", "-f", "-", stdin=yaml_doc)
     assert result.returncode == 0, result.stderr

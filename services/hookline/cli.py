@@ -11,7 +11,7 @@ from typing import Any
 
 from hookline import __version__
 from hookline.core import logs
-from hookline.core.config import ConfigError
+from hookline.core.config import ConfigError, env_flag
 
 EPILOG = """\
 Every command reads HOOKLINE_DATABASE_URL (a postgresql:// URL), except `dev`,
@@ -58,6 +58,80 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db-connections", type=int, default=4, help="connections writing batches in parallel")
     _add_common(p)
 
+    p = sub.add_parser("worker", help="claim and process inbox events",
+                       description="Claims inbox events under leases (FOR UPDATE SKIP LOCKED), runs each "
+                       "provider's handler or destination, retries with backoff, dead-letters, and defers "
+                       "out-of-order events. Run as many as you like, on as many hosts as you like.")
+    p.add_argument("--provider", action="append", dest="providers", metavar="NAME",
+                   help="only this provider (repeatable; default: all providers)")
+    p.add_argument("--concurrency", type=int, default=16, help="events processed at once (default 16)")
+    p.add_argument("--sweep", action="store_true",
+                   help="also return expired leases to pending (run it in at least one worker, or the operator)")
+    p.add_argument("--poll-interval", type=float, default=1.0,
+                   help="seconds between looks when idle and no NOTIFY arrives (default 1)")
+    p.add_argument("--grace-period", type=float, default=25.0,
+                   help="seconds in-flight events get to finish on SIGTERM (default 25)")
+    p.add_argument("--host", default="0.0.0.0", help="address for /healthz, /readyz, /metrics")
+    p.add_argument("--port", type=int, default=8081, help="port for /healthz, /readyz, /metrics (default 8081)")
+    _add_common(p)
+
+    p = sub.add_parser("dlq", help="inspect and requeue dead events")
+    dsub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    dl = dsub.add_parser("list", help="list dead inbox events, newest first")
+    dl.add_argument("--provider", help="only this provider")
+    dl.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    _add_common(dl)
+    dr = dsub.add_parser("replay", help="requeue dead inbox events (attempts start again)")
+    dr.add_argument("--provider", help="only this provider")
+    dr.add_argument("--event-type", help="only events of this type")
+    _add_common(dr)
+
+    p = sub.add_parser("relay", help="deliver outbox events to endpoints",
+                       description="Claims outbox deliveries under leases (FOR UPDATE SKIP LOCKED) and POSTs "
+                       "them signed per Standard Webhooks, with retries, ordering, a circuit breaker per "
+                       "endpoint, dead letters and retention. Run as many as you like.")
+    p.add_argument("--concurrency", type=int, default=64, help="deliveries in flight at once (default 64)")
+    p.add_argument("--allow-private-networks", action="store_true",
+                   default=env_flag("HOOKLINE_ALLOW_PRIVATE_NETWORKS"),
+                   help="allow endpoints on loopback/private addresses (or HOOKLINE_ALLOW_PRIVATE_NETWORKS=true)")
+    p.add_argument("--retention-hours", type=float, default=72.0,
+                   help="delete delivered events older than this (default 72; 0 keeps them)")
+    p.add_argument("--breaker-threshold", type=int, default=5,
+                   help="consecutive failures that open an endpoint's circuit (default 5)")
+    p.add_argument("--probe-interval", type=float, default=30.0,
+                   help="seconds between probes while a circuit is open (default 30)")
+    p.add_argument("--lease-seconds", type=float, default=60.0, help="delivery lease, renewed while in flight")
+    p.add_argument("--poll-interval", type=float, default=1.0,
+                   help="seconds between looks when idle and no NOTIFY arrives (default 1)")
+    p.add_argument("--grace-period", type=float, default=25.0,
+                   help="seconds in-flight deliveries get to finish on SIGTERM (default 25)")
+    p.add_argument("--host", default="0.0.0.0", help="address for /healthz, /readyz, /metrics")
+    p.add_argument("--port", type=int, default=8082, help="port for /healthz, /readyz, /metrics (default 8082)")
+    _add_common(p)
+
+    p = sub.add_parser("endpoints", help="manage outbox endpoints (where the relay delivers)")
+    esub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ea = esub.add_parser("add", help="create an endpoint; prints its secret once")
+    ea.add_argument("name")
+    ea.add_argument("--url", required=True, help="http(s) URL the relay POSTs to")
+    ea.add_argument("--event-type", action="append", dest="event_types", metavar="T", default=[],
+                    help="deliver events of this type, or 'prefix.*' (repeatable; default: all)")
+    ea.add_argument("--ordered", action="store_true", help="deliver each aggregate's events one at a time, in order")
+    ea.add_argument("--secret", help="whsec_ secret to sign with (default: generated)")
+    ea.add_argument("--max-attempts", type=int, default=12, help="attempts before a delivery is dead (default 12)")
+    ea.add_argument("--retry-initial-delay", type=float, default=5.0, help="first retry delay, seconds (default 5)")
+    ea.add_argument("--retry-max-delay", type=float, default=3600.0, help="longest retry delay (default 3600)")
+    ea.add_argument("--timeout", type=float, default=10.0, help="seconds for the whole request (default 10)")
+    _add_common(ea)
+    el = esub.add_parser("list", help="list endpoints (secrets shown as fingerprints only)")
+    _add_common(el)
+    ed = esub.add_parser("delete", help="delete an endpoint and its deliveries")
+    ed.add_argument("name")
+    _add_common(ed)
+    ee = esub.add_parser("enable", help="re-enable an endpoint disabled by a 410 and requeue what it missed")
+    ee.add_argument("name")
+    _add_common(ee)
+
     p = sub.add_parser("providers", help="manage providers without Kubernetes")
     psub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     pa = psub.add_parser("apply", help="create or update providers from a YAML file")
@@ -92,5 +166,9 @@ def main(argv: list[str] | None = None) -> None:
         "migrate": commands.migrate,
         "receiver": commands.receiver,
         "providers": commands.providers_cmd,
+        "worker": commands.worker,
+        "dlq": commands.dlq,
+        "relay": commands.relay,
+        "endpoints": commands.endpoints_cmd,
     }[args.command]
     sys.exit(_run(handler, args))

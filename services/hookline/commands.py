@@ -68,8 +68,11 @@ async def apply_providers(conn: asyncpg.Connection, text: str) -> list[str]:
                 providers.parse_provider(name, spec, providers.active_secrets(stored))
             except SpecError as exc:
                 raise SpecError(f"{name}: {exc}") from None
-            await providers.upsert(conn, name, spec, stored)
+            destination_secret = await providers.upsert(conn, name, spec, stored)
             report.append(f"provider/{name} applied")
+            if destination_secret and spec.get("destination"):
+                report.append(f"{name}: destination calls are signed (Standard Webhooks) with this secret, "
+                              f"shown once: {destination_secret}")
     return report
 
 
@@ -119,6 +122,127 @@ async def receiver(args: argparse.Namespace) -> int:
         await pool.close()
 
     await run_until_stopped(service.start, stop)
+    return 0
+
+
+async def worker(args: argparse.Namespace) -> int:
+    from hookline.core.http import ops_app, serve
+    from hookline.core.maintenance import LeaseSweeper
+    from hookline.core.providers import ProviderRegistry
+    from hookline.worker.service import StatsReporter, Worker
+
+    if args.concurrency < 1:
+        return _fail("--concurrency must be at least 1")
+    pool = await db.create_pool(max_size=args.concurrency + 4)
+    registry = ProviderRegistry(pool)
+    await registry.start()
+    unknown = [n for n in args.providers or [] if registry.get(n) is None]
+    if unknown:
+        # Not fatal: the provider may be applied later; the worker picks it up then.
+        print(f"hookline: warning: no provider named {', '.join(unknown)} yet; waiting for it", file=sys.stderr)
+    service = Worker(pool, registry, providers=args.providers, concurrency=args.concurrency,
+                     poll_interval=args.poll_interval, grace_period=args.grace_period)
+    stats = StatsReporter(pool, registry)
+    sweeper = LeaseSweeper(pool, lambda: {n: p.retry for n, p in registry.all().items()}) if args.sweep else None
+    runner = await serve(ops_app(pool), args.host, args.port)
+
+    async def start() -> None:
+        await service.start()
+        await stats.start()
+        if sweeper:
+            await sweeper.start()
+
+    async def stop() -> None:
+        await service.stop()
+        if sweeper:
+            await sweeper.stop()
+        await stats.stop()
+        await runner.cleanup()
+        await registry.stop()
+        await pool.close()
+
+    await run_until_stopped(start, stop)
+    return 0
+
+
+async def dlq(args: argparse.Namespace) -> int:
+    conn = await _connect()
+    try:
+        if args.action == "list":
+            rows = await conn.fetch(db.query("list_dead"), args.provider, args.limit)
+            print(f"{'PROVIDER':<16} {'EVENT ID':<36} {'TYPE':<28} {'ATTEMPTS':>8}  DIED AT                    ERROR")
+            for r in rows:
+                died = r["processed_at"].isoformat(timespec="seconds") if r["processed_at"] else "-"
+                print(f"{r['provider']:<16} {r['event_id']:<36} {(r['event_type'] or '-'):<28} "
+                      f"{r['attempts']:>8}  {died:<26} {(r['last_error'] or '')[:100]}")
+        else:
+            rows = await conn.fetch(db.query("replay_dead_inbox"), args.provider, args.event_type)
+            counts: dict[str, int] = {}
+            for r in rows:
+                counts[r["provider"]] = counts.get(r["provider"], 0) + 1
+            if not counts:
+                print("no dead events matched")
+            for name, n in sorted(counts.items()):
+                print(f"{name}: requeued {n} dead event(s)")
+    finally:
+        await conn.close()
+    return 0
+
+
+async def relay(args: argparse.Namespace) -> int:
+    from hookline.relay.service import Relay
+
+    if args.concurrency < 1:
+        return _fail("--concurrency must be at least 1")
+    pool = await db.create_pool(max_size=min(args.concurrency, 16) + 4)
+    service = Relay(pool, concurrency=args.concurrency, allow_private_networks=args.allow_private_networks,
+                    host=args.host, port=args.port, poll_interval=args.poll_interval,
+                    lease_seconds=args.lease_seconds, grace_period=args.grace_period,
+                    retention_hours=args.retention_hours, breaker_threshold=args.breaker_threshold,
+                    probe_interval=args.probe_interval)
+
+    async def stop() -> None:
+        await service.stop()
+        await pool.close()
+
+    await run_until_stopped(service.start, stop)
+    return 0
+
+
+async def endpoints_cmd(args: argparse.Namespace) -> int:
+    from hookline.relay import endpoints
+
+    conn = await _connect()
+    try:
+        if args.action == "add":
+            try:
+                secret = await endpoints.add(
+                    conn, args.name, args.url, event_types=args.event_types, ordered=args.ordered,
+                    secret=args.secret, max_attempts=args.max_attempts, initial_delay=args.retry_initial_delay,
+                    max_delay=args.retry_max_delay, timeout_seconds=args.timeout)
+            except endpoints.EndpointError as exc:
+                return _fail(str(exc))
+            print(f"endpoint/{args.name} added")
+            if not args.secret:
+                print(f"secret (shown once; verify deliveries with it): {secret}")
+        elif args.action == "list":
+            print(f"{'NAME':<20} {'STATE':<9} {'ORDERED':<8} {'EVENT TYPES':<28} {'SECRET':<20} URL")
+            for e in await endpoints.load(conn):
+                state = "disabled" if not e.enabled else "open" if e.circuit_open_until else "enabled"
+                secret = endpoints.fingerprint(e.secrets[0]) if e.secrets else "-"
+                print(f"{e.name:<20} {state:<9} {'yes' if e.ordered else 'no':<8} "
+                      f"{','.join(e.event_types):<28} {secret:<20} {e.url}")
+        elif args.action == "delete":
+            if not await endpoints.delete(conn, args.name):
+                return _fail(f"no endpoint named {args.name!r}")
+            print(f"endpoint/{args.name} deleted (with its deliveries)")
+        elif args.action == "enable":
+            unparked = await endpoints.enable(conn, args.name)
+            if unparked is None:
+                return _fail(f"no endpoint named {args.name!r}")
+            print(f"endpoint/{args.name} enabled; {unparked} parked deliveries requeued")
+    finally:
+        await conn.close()
     return 0
 
 

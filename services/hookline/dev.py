@@ -11,6 +11,7 @@ import shlex
 import time
 import uuid
 from pathlib import Path
+from typing import Protocol
 
 from hookline.core import db, migrations
 from hookline.core.config import ConfigError
@@ -20,6 +21,11 @@ from hookline.core.providers import Provider, ProviderRegistry, SpecError
 from hookline.core.signatures import get_scheme
 
 log = logging.getLogger("hookline.dev")
+
+
+class Service(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
 DATABASE = "hookline"
 
 
@@ -61,7 +67,9 @@ def curl_example(receiver_url: str, provider: Provider) -> str | None:
 
 async def run_dev(args: argparse.Namespace) -> int:
     from hookline.commands import apply_providers
+    from hookline.core.maintenance import LeaseSweeper
     from hookline.receiver.app import Receiver
+    from hookline.worker.service import StatsReporter, Worker
 
     data_dir: Path = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -86,11 +94,16 @@ async def run_dev(args: argparse.Namespace) -> int:
         finally:
             await conn.close()
 
-        pool = await db.create_pool(url, max_size=12)
+        pool = await db.create_pool(url, max_size=30)
         registry = ProviderRegistry(pool)
         await registry.start()
         receiver = Receiver(pool, registry, args.host, args.port)
-        services = [receiver]
+        services: list[Service] = [
+            receiver,
+            Worker(pool, registry, concurrency=8),
+            LeaseSweeper(pool, lambda: {n: p.retry for n, p in registry.all().items()}),
+            StatsReporter(pool, registry),
+        ]
 
         async def start() -> None:
             for service in services:

@@ -216,6 +216,8 @@ class ApiServer:
             f"--etcd-servers={etcd_url}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
+            # There is no Service network to publish the loopback address in as endpoints.
+            "--endpoint-reconciler-type=none",
             f"--secure-port={self.port}",
             f"--tls-cert-file={pki / 'serving.crt'}",
             f"--tls-private-key-file={pki / 'serving.key'}",

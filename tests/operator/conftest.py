@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +51,16 @@ def apiserver() -> Iterator[ApiServer]:
         )
         crds = applied.stdout.split()
         server.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crds)
+        # Established is not the end: API discovery (which resolves `whp`) and the OpenAPI
+        # document (kubectl explain, client-side validation) catch up a moment later. `explain`
+        # needs both; a CRD is named <plural>.<group>, which explain accepts as a resource.
+        deadline = time.monotonic() + 30
+        for crd in crds:
+            resource = crd.split("/", 1)[1]
+            while server.kubectl("explain", resource, check=False).returncode != 0:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"{resource} never became visible in API discovery and OpenAPI")
+                time.sleep(0.2)
         yield server
 
 

@@ -98,6 +98,33 @@ def test_contract_example_round_trips(apiserver: ApiServer, namespace: str) -> N
     assert spec == expected  # nothing pruned; `from: [null]` keeps its null
 
 
+ORDERED_YAML = """
+apiVersion: hookline.io/v1alpha1
+kind: WebhookProvider
+metadata: {name: ordered}
+spec:
+  signature: {scheme: stripe}
+  handler: "mypackage.handlers:on_stripe"
+  ordering:
+    entityKey: {jsonPointer: /data/object/id}
+    transitions:
+      - {"on": payment_intent.created,   from: [null],    to: created}
+      - {"on": payment_intent.succeeded, from: [created], to: succeeded}
+"""
+
+
+def test_yaml_transitions_need_a_quoted_on_key(apiserver: ApiServer, namespace: str) -> None:
+    ok = apiserver.kubectl("create", "-n", namespace, "-f", "-", input=ORDERED_YAML, check=False)
+    assert ok.returncode == 0, ok.stderr
+    assert get(apiserver, namespace, "ordered")["spec"]["ordering"]["transitions"][0]["from"] == [None]
+    # YAML 1.1 (kubectl, PyYAML) reads a bare `on` key as the boolean true: the CRD cannot help
+    # here, the manifest must quote it. This pins down the error users then get.
+    bare = ORDERED_YAML.replace('"on"', "on").replace("name: ordered", "name: bare")
+    rejected = apiserver.kubectl("create", "-n", namespace, "-f", "-", input=bare, check=False)
+    assert rejected.returncode != 0
+    assert 'unknown field "spec.ordering.transitions[0].true"' in rejected.stderr
+
+
 def test_handler_instead_of_destination_is_accepted(apiserver: ApiServer, namespace: str) -> None:
     spec: Spec = {"signature": {"scheme": "github"}, "handler": "mypackage.handlers:on_github"}
     created = create(apiserver, namespace, "github", spec)

@@ -12,6 +12,9 @@ from pathlib import Path
 
 from hookline.core.embedded import free_port
 
+# Worker processes import test handlers from tests/support.
+TESTS_DIR = str(Path(__file__).resolve().parent.parent)
+
 
 class ServiceProcess:
     """``python -m hookline <args>`` with HOOKLINE_DATABASE_URL set, logging to a file."""
@@ -22,7 +25,7 @@ class ServiceProcess:
         self.port = port
         self.log_path = log_dir / f"{args[0]}-{time.monotonic_ns()}.log"
         self.env = {**os.environ, "HOOKLINE_DATABASE_URL": database_url, "HOOKLINE_LOG_FORMAT": "text",
-                    **(env or {})}
+                    "PYTHONPATH": TESTS_DIR, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -74,6 +77,12 @@ class ServiceProcess:
         return self.proc.returncode
 
 
+def worker(database_url: str, log_dir: Path, *extra: str, env: dict[str, str] | None = None) -> ServiceProcess:
+    port = free_port()
+    return ServiceProcess(["worker", "--port", str(port), "--host", "127.0.0.1", *extra], database_url, log_dir,
+                          port=port, env=env).start("/healthz")
+
+
 def receiver(database_url: str, log_dir: Path, *extra: str) -> ServiceProcess:
     port = free_port()
     return ServiceProcess(["receiver", "--host", "127.0.0.1", "--port", str(port), *extra],
@@ -82,6 +91,7 @@ def receiver(database_url: str, log_dir: Path, *extra: str) -> ServiceProcess:
 
 def hookline_cli(database_url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run a one-shot ``hookline`` command and return its result (never raises on failure)."""
-    env = {**os.environ, "HOOKLINE_DATABASE_URL": database_url, "HOOKLINE_LOG_FORMAT": "text"}
+    env = {**os.environ, "HOOKLINE_DATABASE_URL": database_url, "HOOKLINE_LOG_FORMAT": "text",
+           "PYTHONPATH": TESTS_DIR}
     return subprocess.run([sys.executable, "-m", "hookline", *args], env=env, input=stdin,
                           capture_output=True, text=True, timeout=60, check=False)

@@ -63,12 +63,13 @@ apiVersion: hookline.io/v1alpha1
 kind: WebhookProvider
 metadata: {{name: sw}}
 spec:
-  signature: {{scheme: standard-webhooks, secrets: ["{SW_SECRET}", "{SW_SECRET_2}"]}}
   handler: "hookline.examples.handlers:log_event"
+  signature: {{scheme: standard-webhooks, secrets: ["{SW_SECRET}", "{SW_SECRET_2}"]}}
 ---
 kind: WebhookProvider
 metadata: {{name: stripe}}
 spec:
+  handler: "hookline.examples.handlers:log_event"
   signature: {{scheme: stripe, secrets: ["{STRIPE_SECRET}"], toleranceSeconds: 300}}
   eventId: {{jsonPointer: /id}}
   eventType: {{jsonPointer: /type}}
@@ -81,21 +82,25 @@ spec:
 kind: WebhookProvider
 metadata: {{name: github}}
 spec:
+  handler: "hookline.examples.handlers:log_event"
   signature: {{scheme: github, secrets: ["{GITHUB_SECRET}"]}}
 ---
 kind: WebhookProvider
 metadata: {{name: shopify}}
 spec:
+  handler: "hookline.examples.handlers:log_event"
   signature: {{scheme: shopify, secrets: ["{SHOPIFY_SECRET}"]}}
 ---
 kind: WebhookProvider
 metadata: {{name: slack}}
 spec:
+  handler: "hookline.examples.handlers:log_event"
   signature: {{scheme: slack, secrets: ["{SLACK_SECRET}"]}}
 ---
 kind: WebhookProvider
 metadata: {{name: generic}}
 spec:
+  handler: "hookline.examples.handlers:log_event"
   signature: {{scheme: hmac-sha256, header: X-Signature, encoding: base64, prefix: "sha256=",
               secrets: ["{HMAC_SECRET}"]}}
   eventId: {{header: X-Event-Id}}
@@ -103,5 +108,6 @@ spec:
 kind: WebhookProvider
 metadata: {{name: open}}
 spec:
+  handler: "hookline.examples.handlers:log_event"
   signature: {{scheme: none}}
 """

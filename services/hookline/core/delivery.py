@@ -9,12 +9,12 @@ resolved address at connect time, so DNS cannot be used to slip past the check.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import socket
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
+from typing import Any
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -52,10 +52,24 @@ class PublicOnlyResolver(AbstractResolver):
         await self._inner.close()
 
 
+def public_only_socket(addr_info: tuple[Any, ...]) -> socket.socket:
+    """aiohttp's socket factory for every connection attempt: the last check before connect.
+
+    The resolver never sees IP-literal URLs (``http://10.0.0.1/``, ``http://[::1]/``):
+    aiohttp skips resolution for them. This sees the address actually dialled, whatever
+    the URL spelled."""
+    family, type_, proto, _, address = addr_info
+    if is_internal(address[0]):
+        raise BlockedAddress(f"{address[0]} is an internal address; outgoing webhooks may only reach "
+                             "public addresses (allow private networks to change this)")
+    return socket.socket(family=family, type=type_, proto=proto)
+
+
 def create_session(*, allow_private_networks: bool, connections: int = 100) -> aiohttp.ClientSession:
     resolver = None if allow_private_networks else PublicOnlyResolver()
     connector = aiohttp.TCPConnector(limit=connections, limit_per_host=connections, resolver=resolver,
-                                     ttl_dns_cache=30)
+                                     ttl_dns_cache=30,
+                                     socket_factory=None if allow_private_networks else public_only_socket)
     return aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=False,
                                  cookie_jar=aiohttp.DummyCookieJar())
 
@@ -92,7 +106,7 @@ def parse_retry_after(value: str | None) -> float | None:
 
 
 async def post(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], *,
-               timeout: float, connect_timeout: float | None = None,
+               timeout: float, connect_timeout: float | None = None,  # noqa: ASYNC109 - HTTP timeouts
                max_response_bytes: int = MAX_RESPONSE_BYTES) -> DeliveryResult:
     started = time.perf_counter()
     client_timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout or min(timeout, 5.0))
@@ -106,7 +120,7 @@ async def post(session: aiohttp.ClientSession, url: str, body: bytes, headers: d
                 latency=time.perf_counter() - started,
                 retry_after=parse_retry_after(response.headers.get("Retry-After")),
             )
-    except (TimeoutError, asyncio.TimeoutError):
+    except TimeoutError:
         error = f"timed out after {timeout:g} s"
     except BlockedAddress as exc:
         error = str(exc)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram, disable_created_metrics
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
 # The *_created series double the output and nobody alerts on them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -25,3 +25,47 @@ receiver_batch_size = Histogram(
     "Events stored per group-commit transaction.",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
+
+worker_events = Counter(
+    "hookline_worker_events_total",
+    "Inbox events processed by workers, by provider and result (done, retry, deferred, dead, lost).",
+    ["provider", "result"],
+)
+handler_duration = Histogram(
+    "hookline_worker_handler_seconds",
+    "Time spent in the handler or destination call per event.",
+    ["provider"],
+    buckets=_LATENCY_BUCKETS,
+)
+inbox_backlog = Gauge("hookline_inbox_backlog", "Pending inbox events.", ["provider"])
+inbox_oldest_pending = Gauge(
+    "hookline_inbox_oldest_pending_seconds", "Age of the oldest due pending inbox event.", ["provider"]
+)
+inbox_dead = Gauge("hookline_inbox_dead", "Dead inbox events.", ["provider"])
+leases_swept = Counter(
+    "hookline_leases_swept_total", "Expired leases returned to pending or dead by the sweeper.",
+    ["queue", "partition", "result"],
+)
+
+relay_deliveries = Counter(
+    "hookline_relay_deliveries_total",
+    "Outbox delivery attempts by endpoint and result (delivered, server_error, rate_limited, client_error, "
+    "no_response, blocked, gone).",
+    ["endpoint", "result"],
+)
+relay_dead = Counter("hookline_relay_dead_total", "Deliveries that used up their attempts.", ["endpoint"])
+relay_latency = Histogram(
+    "hookline_relay_delivery_seconds", "Time from sending a delivery to its HTTP answer.", ["endpoint"],
+    buckets=_LATENCY_BUCKETS,
+)
+outbox_backlog = Gauge("hookline_outbox_backlog", "Pending outbox deliveries.", ["endpoint"])
+outbox_oldest_undelivered = Gauge(
+    "hookline_outbox_oldest_undelivered_seconds",
+    "Age of the oldest event an endpoint has not received yet (pending, in flight or parked).", ["endpoint"],
+)
+outbox_dead = Gauge("hookline_outbox_dead", "Dead outbox deliveries (replayable).", ["endpoint"])
+outbox_parked = Gauge("hookline_outbox_parked", "Deliveries parked while their endpoint is disabled.", ["endpoint"])
+relay_circuit_open = Gauge(
+    "hookline_relay_circuit_open", "1 while the endpoint's circuit breaker is open (probing only).", ["endpoint"]
+)
+outbox_retention_deleted = Counter("hookline_outbox_retention_deleted_total", "Delivered events deleted by retention.")

@@ -78,6 +78,9 @@ class Provider:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     lease_seconds: int = 60
     ordering: Ordering | None = None
+    # Signs the worker's calls to `destination` (Standard Webhooks), so the internal
+    # service can tell them from anyone else's.
+    destination_secret: str | None = field(default=None, repr=False)
     spec: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -118,7 +121,8 @@ def _rule(obj: Any, where: str) -> FieldRule:
     return FieldRule("header", header)
 
 
-def parse_provider(name: str, spec: Mapping[str, Any], secrets: Iterable[str] = ()) -> Provider:
+def parse_provider(name: str, spec: Mapping[str, Any], secrets: Iterable[str] = (),
+                   destination_secret: str | None = None) -> Provider:
     """Validate a WebhookProvider ``spec`` and return the typed provider.
 
     ``secrets`` are the currently valid signing secrets; the spec itself never holds them
@@ -169,6 +173,9 @@ def parse_provider(name: str, spec: Mapping[str, Any], secrets: Iterable[str] = 
         raise SpecError(f"spec.handler must look like 'package.module:function', not {handler!r}")
     if destination and handler:
         raise SpecError("spec.destination and spec.handler are mutually exclusive: choose one")
+    if not destination and not handler:
+        raise SpecError("spec needs a destination (an internal URL to POST events to) or a handler "
+                        "('package.module:function')")
 
     retry_spec = _get(spec, "retry", Mapping, "spec", {})
     retry = RetryPolicy(
@@ -218,6 +225,7 @@ def parse_provider(name: str, spec: Mapping[str, Any], secrets: Iterable[str] = 
         retry=retry,
         lease_seconds=int(_number(spec, "leaseSeconds", "spec", 60, 1, 3600)),
         ordering=ordering,
+        destination_secret=destination_secret,
         spec=spec,
     )
 
@@ -273,8 +281,14 @@ def load_documents(text: str) -> list[tuple[str, dict[str, Any]]]:
 # --- storage -------------------------------------------------------------------------------------
 
 
-async def upsert(conn: asyncpg.Connection, name: str, spec: Mapping[str, Any], secrets: list[dict[str, Any]]) -> None:
-    await conn.execute(db.query("upsert_provider"), name, spec, secrets)
+async def upsert(conn: asyncpg.Connection, name: str, spec: Mapping[str, Any], secrets: list[dict[str, Any]]
+                 ) -> str | None:
+    """Store a provider; returns the destination secret when this call created it (to show it once)."""
+    from hookline.core.signatures import get_scheme
+
+    fresh = get_scheme("standard-webhooks").generate_secret()
+    is_new = await conn.fetchval(db.query("upsert_provider"), name, spec, secrets, fresh)
+    return fresh if is_new else None
 
 
 async def delete(conn: asyncpg.Connection, name: str) -> bool:
@@ -286,7 +300,8 @@ async def load_all(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, Provide
     providers = {}
     for row in await conn.fetch(db.query("list_providers")):
         try:
-            providers[row["name"]] = parse_provider(row["name"], row["spec"], active_secrets(row["secrets"]))
+            providers[row["name"]] = parse_provider(row["name"], row["spec"], active_secrets(row["secrets"]),
+                                                    row["destination_secret"])
         except SpecError as exc:
             log.error("stored provider is invalid; ignoring it", extra={"provider": row["name"], "error": str(exc)})
     return providers

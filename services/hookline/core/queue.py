@@ -25,6 +25,8 @@ import asyncpg
 
 from hookline.core.db import parse_queries
 
+MAX_RETRY_AFTER = 86400.0
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -42,10 +44,11 @@ class RetryPolicy:
         return float(low + (rng or random).random() * (cap - low))
 
     def next_delay(self, attempt: int, retry_after: float | None = None, rng: random.Random | None = None) -> float:
-        """The wait before the next attempt; a server's Retry-After is honoured (up to max_delay)."""
+        """The wait before the next attempt. A server's Retry-After is honoured even beyond
+        max_delay — it said when it can take more — but never beyond a day."""
         delay = self.delay(attempt, rng)
         if retry_after is not None:
-            delay = max(delay, min(retry_after, self.max_delay))
+            delay = max(delay, min(retry_after, MAX_RETRY_AFTER))
         return delay
 
 
@@ -72,19 +75,29 @@ class PartitionStats:
 
 
 class Queue:
-    """The queue operations for one table, e.g. ``Queue("hookline.inbox", "provider")``."""
+    """The queue operations for one table, e.g. ``Queue("hookline.inbox", "provider")``.
 
-    def __init__(self, table: str, partition: str) -> None:
+    ``order_key`` names a column whose rows must be processed one at a time in id
+    order within a partition; it enables ``claim(..., ordered=True)``.
+    """
+
+    def __init__(self, table: str, partition: str, order_key: str | None = None) -> None:
         self.table = table
         self.partition = partition
-        self._sql = {name: sql.format(table=table, partition=partition) for name, sql in _templates().items()}
+        self.order_key = order_key
+        self._sql = {
+            name: sql.format(table=table, partition=partition, order_key=order_key)
+            for name, sql in _templates().items()
+            if order_key is not None or "{order_key}" not in sql
+        }
 
     def sql(self, name: str) -> str:
         return self._sql[name]
 
     async def claim(self, conn: asyncpg.Connection | asyncpg.Pool, partition: str, limit: int, worker: str,
-                    lease_seconds: float) -> list[asyncpg.Record]:
-        return list(await conn.fetch(self._sql["claim"], partition, limit, worker, float(lease_seconds)))
+                    lease_seconds: float, *, ordered: bool = False) -> list[asyncpg.Record]:
+        sql = self._sql["claim_ordered" if ordered else "claim"]
+        return list(await conn.fetch(sql, partition, limit, worker, float(lease_seconds)))
 
     async def extend_leases(self, conn: asyncpg.Connection | asyncpg.Pool, ids: Sequence[int], worker: str,
                             lease_seconds: float) -> set[int]:
@@ -146,6 +159,7 @@ class Queue:
 
 
 INBOX = Queue("hookline.inbox", "provider")
+OUTBOX = Queue("hookline.deliveries", "endpoint", order_key="aggregate_key")
 
 
 def truncate_error(message: str, secrets: Iterable[str] = (), limit: int = 2000) -> str:

@@ -1,17 +1,21 @@
 -- Hookline's SQL, one statement per "-- name:" block, loaded by hookline.core.db.query(name).
 
 -- name: upsert_provider
-INSERT INTO hookline.providers (name, spec, secrets)
-VALUES ($1, $2, $3)
+-- $4 is a fresh destination secret, used only when the provider has none yet.
+INSERT INTO hookline.providers (name, spec, secrets, destination_secret)
+VALUES ($1, $2, $3, $4)
 ON CONFLICT (name) DO UPDATE
-    SET spec = EXCLUDED.spec, secrets = EXCLUDED.secrets, updated_at = now()
-    WHERE (providers.spec, providers.secrets) IS DISTINCT FROM (EXCLUDED.spec, EXCLUDED.secrets);
+    SET spec = EXCLUDED.spec, secrets = EXCLUDED.secrets, updated_at = now(),
+        destination_secret = coalesce(providers.destination_secret, EXCLUDED.destination_secret)
+    WHERE (providers.spec, providers.secrets, providers.destination_secret)
+          IS DISTINCT FROM (EXCLUDED.spec, EXCLUDED.secrets, EXCLUDED.destination_secret)
+RETURNING destination_secret = $4 AS secret_is_new;
 
 -- name: delete_provider
 DELETE FROM hookline.providers WHERE name = $1 RETURNING true;
 
 -- name: list_providers
-SELECT name, spec, secrets, updated_at FROM hookline.providers ORDER BY name;
+SELECT name, spec, secrets, destination_secret, updated_at FROM hookline.providers ORDER BY name;
 
 -- name: get_provider_secrets
 SELECT secrets FROM hookline.providers WHERE name = $1;
@@ -32,3 +36,49 @@ SELECT provider, event_id, pg_notify('hookline_inbox', provider) FROM stored;
 
 -- name: ping
 SELECT 1;
+
+-- name: lock_entity_state
+-- Serializes every event of one entity: the row is created on first sight, and
+-- the no-op DO UPDATE locks it (new or not) for the rest of the transaction that
+-- applies or defers an event, returning the current state in the same round trip.
+INSERT INTO hookline.entity_states (provider, entity_key) VALUES ($1, $2)
+ON CONFLICT (provider, entity_key) DO UPDATE SET provider = EXCLUDED.provider
+RETURNING state;
+
+-- name: set_entity_state
+UPDATE hookline.entity_states SET state = $3, updated_at = now() WHERE provider = $1 AND entity_key = $2;
+
+-- name: release_deferred
+-- A predecessor applied: the entity's deferred events become claimable at once.
+WITH released AS (
+    UPDATE hookline.inbox SET next_attempt_at = now()
+    WHERE provider = $1 AND entity_key = $2 AND status = 'pending' AND deferred_since IS NOT NULL
+    RETURNING provider
+)
+SELECT count(*) AS released, pg_notify('hookline_inbox', $1) FROM released HAVING count(*) > 0;
+
+-- name: defer_event
+-- Not applicable yet: back to pending for $4 seconds; the attempt is not counted.
+UPDATE hookline.inbox
+SET status = 'pending', attempts = attempts - 1, next_attempt_at = now() + make_interval(secs => $4),
+    deferred_since = coalesce(deferred_since, now()), lease_expires_at = NULL, locked_by = NULL,
+    last_error = $5
+WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
+RETURNING id;
+
+-- name: list_dead
+SELECT provider, event_id, event_type, attempts, processed_at, last_error FROM hookline.inbox
+WHERE status = 'dead' AND ($1::text IS NULL OR provider = $1)
+ORDER BY processed_at DESC NULLS LAST, id DESC
+LIMIT $2;
+
+-- name: replay_dead_inbox
+-- Requeue dead events; attempts restart so the retry policy applies afresh, and a
+-- deferral clock restarts too. pg_notify wakes the workers.
+UPDATE hookline.inbox
+SET status = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL, processed_at = NULL,
+    deferred_since = NULL
+WHERE status = 'dead'
+  AND ($1::text IS NULL OR provider = $1)
+  AND ($2::text IS NULL OR event_type = $2)
+RETURNING provider, pg_notify('hookline_inbox', provider);

@@ -26,6 +26,34 @@ FROM picked
 WHERE t.id = picked.id
 RETURNING t.*;
 
+-- name: claim_ordered
+-- The claim for queues delivered in order per key (ordered outbox endpoints,
+-- key = aggregate): a row is claimable only while no older row of the same
+-- partition and key is unfinished, so row n+1 is never sent before row n is done
+-- or dead, and other keys are not held up. Rows without a key are unordered.
+-- Two claimers racing see at worst the older row still unfinished (a snapshot
+-- can be behind, never ahead), so the check can only make a claim wait, not
+-- reorder. The NOT EXISTS is one probe into a partial index per candidate.
+WITH picked AS (
+    SELECT c.id FROM {table} AS c
+    WHERE c.status = 'pending' AND c.{partition} = $1 AND c.next_attempt_at <= now()
+      AND (c.{order_key} IS NULL OR NOT EXISTS (
+          SELECT 1 FROM {table} AS older
+          WHERE older.{partition} = c.{partition} AND older.{order_key} = c.{order_key} AND older.id < c.id
+            AND older.status IN ('pending', 'processing', 'parked')))
+    ORDER BY c.next_attempt_at, c.id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {table} AS t
+SET status = 'processing',
+    attempts = t.attempts + 1,
+    locked_by = $3,
+    lease_expires_at = now() + make_interval(secs => $4)
+FROM picked
+WHERE t.id = picked.id
+RETURNING t.*;
+
 -- name: extend_leases
 -- Heartbeat. Rows locked right now are rows our own handler transaction holds:
 -- nobody else can take them either, so skipping them is safe. The ids NOT

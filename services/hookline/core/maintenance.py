@@ -1,0 +1,71 @@
+"""The maintenance loop, apart from the workers: the lease sweeper (River calls it the rescuer).
+
+``sweep_once`` is the function the operator's timer calls; ``LeaseSweeper`` runs
+it every few seconds inside ``hookline dev`` and ``hookline worker --sweep``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import asyncpg
+
+from hookline.core import metrics
+from hookline.core.queue import INBOX, Queue, RetryPolicy, SweepResult
+
+log = logging.getLogger(__name__)
+
+
+async def sweep_once(pool: asyncpg.Pool | asyncpg.Connection, policies: dict[str, RetryPolicy],
+                     queue: Queue = INBOX, partition: str | None = None) -> SweepResult:
+    """Return expired leases to pending (or dead when attempts are used up); the attempt counts.
+
+    With ``partition`` only that partition's policy is passed and others keep defaults;
+    the sweep itself covers every expired lease of the queue (it is cheap: a partial index).
+    """
+    if partition is not None:
+        policies = {k: v for k, v in policies.items() if k == partition}
+    total = SweepResult({}, {})
+    while True:
+        result = await queue.sweep_expired(pool, policies)
+        for name, n in result.requeued.items():
+            metrics.leases_swept.labels(queue.table, name, "requeued").inc(n)
+            total.requeued[name] = total.requeued.get(name, 0) + n
+        for name, n in result.dead.items():
+            metrics.leases_swept.labels(queue.table, name, "dead").inc(n)
+            total.dead[name] = total.dead.get(name, 0) + n
+        if result.total < 1000:
+            break
+    if total.total:
+        log.info("expired leases swept", extra={"queue": queue.table, "requeued": total.requeued,
+                                                "dead": total.dead})
+    return total
+
+
+class LeaseSweeper:
+    def __init__(self, pool: asyncpg.Pool, policies: Callable[[], dict[str, RetryPolicy]],
+                 queue: Queue = INBOX, interval: float = 5.0) -> None:
+        self.pool, self.policies, self.queue, self.interval = pool, policies, queue, interval
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await sweep_once(self.pool, self.policies(), self.queue)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("lease sweep failed", extra={"error": str(exc)})
+            await asyncio.sleep(self.interval)
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"sweeper-{self.queue.table}")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -1,0 +1,130 @@
+-- The outbox's own SQL (endpoints, delivery bookkeeping, retention), loaded by
+-- hookline.outbox.query(name). Claiming, leases, retries, dead letters and
+-- replay are the shared queue mechanics in queue.sql (hookline.core.queue.OUTBOX).
+
+-- name: insert_endpoint
+INSERT INTO hookline.endpoints (name, url, event_types, ordered, secrets, max_attempts, initial_delay_seconds,
+                                max_delay_seconds, timeout_seconds)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (name) DO NOTHING
+RETURNING name;
+
+-- name: list_endpoints
+SELECT * FROM hookline.endpoints ORDER BY name;
+
+-- name: delete_endpoint
+-- Its deliveries go with it (ON DELETE CASCADE); the events stay for the others.
+DELETE FROM hookline.endpoints WHERE name = $1 RETURNING name;
+
+-- name: enable_endpoint
+-- Re-enabling unparks what the endpoint missed while disabled, oldest first.
+WITH e AS (
+    UPDATE hookline.endpoints
+    SET enabled = true, disabled_at = NULL, disabled_reason = NULL, consecutive_failures = 0,
+        circuit_open_until = NULL
+    WHERE name = $1
+    RETURNING name
+), unparked AS (
+    UPDATE hookline.deliveries AS d SET status = 'pending', next_attempt_at = now()
+    FROM e WHERE d.endpoint = e.name AND d.status = 'parked'
+    RETURNING d.id
+)
+SELECT (SELECT count(*) FROM e) AS found, (SELECT count(*) FROM unparked) AS unparked,
+       pg_notify('hookline_outbox', '');
+
+-- name: disable_endpoint
+-- A 410 Gone: disable the endpoint and park its undelivered deliveries (the one
+-- that got the 410 included: it was not delivered). Parked is not lost:
+-- `hookline endpoints enable` puts them back. Deliveries other relays hold right
+-- now park themselves when they finish (see park_delivery).
+WITH e AS (
+    UPDATE hookline.endpoints SET enabled = false, disabled_at = now(), disabled_reason = $2
+    WHERE name = $1 RETURNING name
+)
+UPDATE hookline.deliveries AS d
+SET status = 'parked', lease_expires_at = NULL, locked_by = NULL,
+    last_error = CASE WHEN d.id = $3 THEN $2 ELSE d.last_error END,
+    last_status = CASE WHEN d.id = $3 THEN $6 ELSE d.last_status END,
+    last_response = CASE WHEN d.id = $3 THEN $7 ELSE d.last_response END,
+    last_latency_ms = CASE WHEN d.id = $3 THEN $8 ELSE d.last_latency_ms END
+FROM e
+WHERE d.endpoint = e.name
+  AND (d.status = 'pending' OR (d.id = $3 AND d.attempts = $4 AND d.status = 'processing' AND d.locked_by = $5))
+RETURNING d.id;
+
+-- name: park_delivery
+-- A delivery that finished (failed) after its endpoint was disabled waits with the others.
+UPDATE hookline.deliveries AS d
+SET status = 'parked', lease_expires_at = NULL, locked_by = NULL
+FROM hookline.endpoints AS e
+WHERE d.id = $1 AND d.attempts = $2 AND d.locked_by = $3 AND d.status = 'pending'
+  AND e.name = d.endpoint AND NOT e.enabled
+RETURNING d.id;
+
+-- name: claimed_events
+-- The events behind a batch of claimed deliveries (claim returns delivery rows).
+SELECT id, event_id, event_type, payload, created_at FROM hookline.outbox WHERE id = ANY($1::bigint[]);
+
+-- name: record_responses
+-- The last answer of each delivery (called in the transaction that completes or retries it).
+UPDATE hookline.deliveries AS d
+SET last_status = r.status, last_response = r.body, last_latency_ms = r.latency_ms
+FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::float8[]) AS r(id, status, body, latency_ms)
+WHERE d.id = r.id;
+
+-- name: endpoints_succeeded
+-- Any success closes the circuit.
+UPDATE hookline.endpoints SET consecutive_failures = 0, circuit_open_until = NULL
+WHERE name = ANY($1::text[]) AND (consecutive_failures <> 0 OR circuit_open_until IS NOT NULL);
+
+-- name: endpoint_failed
+-- One more consecutive failure; at the threshold ($2) the circuit opens (or, for a
+-- failed probe, stays open) until now + probe interval ($3).
+UPDATE hookline.endpoints
+SET consecutive_failures = consecutive_failures + 1,
+    circuit_open_until = CASE WHEN consecutive_failures + 1 >= $2
+                              THEN now() + make_interval(secs => $3) ELSE circuit_open_until END
+WHERE name = $1
+RETURNING consecutive_failures, circuit_open_until;
+
+-- name: take_probe
+-- An open circuit lets one delivery through per probe interval. Several relays
+-- race for it; the one whose UPDATE matches sends the probe, the others see the
+-- pushed-forward time and wait.
+UPDATE hookline.endpoints SET circuit_open_until = now() + make_interval(secs => $3)
+WHERE name = $1 AND enabled AND consecutive_failures >= $2
+  AND (circuit_open_until IS NULL OR circuit_open_until <= now())
+RETURNING name;
+
+-- name: undelivered_age
+-- Age of the oldest event each endpoint has not received yet (pending, in flight or parked).
+SELECT endpoint, extract(epoch FROM now() - min(created_at)) AS seconds, count(*) FILTER (WHERE status = 'parked')
+       AS parked
+FROM hookline.deliveries
+WHERE status IN ('pending', 'processing', 'parked')
+GROUP BY endpoint;
+
+-- name: list_dead
+SELECT d.id, d.endpoint, o.event_id, o.event_type, d.attempts, d.processed_at, d.last_status, d.last_error
+FROM hookline.deliveries AS d JOIN hookline.outbox AS o ON o.id = d.outbox_id
+WHERE d.status = 'dead'
+  AND ($1::text IS NULL OR d.endpoint = $1)
+  AND ($2::timestamptz IS NULL OR d.processed_at >= $2)
+  AND ($3::timestamptz IS NULL OR d.processed_at < $3)
+ORDER BY d.endpoint, d.id
+LIMIT $4;
+
+-- name: retention
+-- Delete one batch of events older than $1 seconds whose every delivery is done
+-- (events that matched no endpoint included). Dead, parked and pending deliveries
+-- keep their event. SKIP LOCKED and a small batch keep each transaction short;
+-- the deliveries go by ON DELETE CASCADE.
+WITH old AS (
+    SELECT o.id FROM hookline.outbox AS o
+    WHERE o.created_at < now() - make_interval(secs => $1)
+      AND NOT EXISTS (SELECT 1 FROM hookline.deliveries AS d WHERE d.outbox_id = o.id AND d.status <> 'done')
+    ORDER BY o.created_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM hookline.outbox AS o USING old WHERE o.id = old.id;

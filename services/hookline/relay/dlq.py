@@ -1,0 +1,36 @@
+"""Dead outbox deliveries: list them and requeue them (``hookline dlq ... --endpoint``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import asyncpg
+
+from hookline import outbox
+from hookline.core.queue import OUTBOX
+
+
+async def dlq_outbox(conn: asyncpg.Connection, action: str, *, endpoint: str | None = None,
+                     since: datetime | None = None, until: datetime | None = None, limit: int = 50) -> list[str]:
+    """``list`` or ``replay`` dead deliveries, of one endpoint or all, that died within [since, until).
+
+    Returns the lines to print. Replay restarts the attempts (the retry policy applies
+    afresh) and wakes the relays; the events keep their ids, so receivers that already
+    processed one (it died on a lost answer) still deduplicate it.
+    """
+    if action == "list":
+        rows = await conn.fetch(outbox.query("list_dead"), endpoint, since, until, limit)
+        lines = [f"{'ENDPOINT':<20} {'EVENT ID':<36} {'TYPE':<28} {'ATTEMPTS':>8}  {'DIED AT':<25} LAST ERROR"]
+        for r in rows:
+            died = r["processed_at"].isoformat(timespec="seconds") if r["processed_at"] else "-"
+            lines.append(f"{r['endpoint']:<20} {r['event_id']:<36} {r['event_type']:<28} {r['attempts']:>8}  "
+                         f"{died:<25} {(r['last_error'] or '')[:100]}")
+        return lines
+    if action != "replay":
+        raise ValueError(f"unknown dlq action {action!r}")
+    async with conn.transaction():
+        counts = await OUTBOX.replay_dead(conn, endpoint, since, until)
+        await conn.execute("SELECT pg_notify('hookline_outbox', '')")
+    if not counts:
+        return ["no dead deliveries matched"]
+    return [f"endpoint/{name}: requeued {n} dead deliveries" for name, n in sorted(counts.items())]

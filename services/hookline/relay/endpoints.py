@@ -1,0 +1,112 @@
+"""Outbox endpoints: where the relay delivers, and with which secret.
+
+Secrets are stored like provider secrets (``[{"value", "notAfter"}]``; every
+secret still valid signs, so a rotation sends both signatures) and only ever
+leave the database to sign: ``repr``, listings and errors show a fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from hookline import outbox
+from hookline.core.providers import active_secrets
+from hookline.core.queue import RetryPolicy
+from hookline.core.signatures import get_scheme, sign_standard_webhooks
+
+NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+EVENT_TYPE = re.compile(r"^(\*|[A-Za-z0-9_.:/-]+(\.\*)?)$")
+
+
+class EndpointError(ValueError):
+    """An endpoint definition that cannot be stored; the message says why."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    url: str
+    event_types: tuple[str, ...]
+    ordered: bool
+    secrets: tuple[str, ...] = field(repr=False)
+    retry: RetryPolicy
+    timeout: float
+    enabled: bool
+    consecutive_failures: int
+    circuit_open_until: datetime | None
+
+    @classmethod
+    def from_row(cls, row: asyncpg.Record) -> Endpoint:
+        return cls(
+            name=row["name"], url=row["url"], event_types=tuple(row["event_types"]), ordered=row["ordered"],
+            secrets=tuple(active_secrets(_json(row["secrets"]))),
+            retry=RetryPolicy(row["max_attempts"], row["initial_delay_seconds"], row["max_delay_seconds"]),
+            timeout=row["timeout_seconds"], enabled=row["enabled"],
+            consecutive_failures=row["consecutive_failures"], circuit_open_until=row["circuit_open_until"],
+        )
+
+
+def _json(value: object) -> list[dict[str, object]]:
+    # The pool's connections decode jsonb; a bare asyncpg connection returns text.
+    return json.loads(value) if isinstance(value, str) else value  # type: ignore[return-value]
+
+
+def fingerprint(secret: str) -> str:
+    """A short, non-reversible name for a secret, safe to print."""
+    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:12]
+
+
+def validate(name: str, url: str, event_types: Sequence[str], secret: str | None) -> None:
+    if not NAME.match(name):
+        raise EndpointError(f"invalid endpoint name {name!r}: use lower-case letters, digits, '.', '_' and '-'")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise EndpointError("the URL must be an absolute http:// or https:// URL")
+    if parts.username or parts.password:
+        raise EndpointError("the URL must not carry credentials (the signature authenticates the relay)")
+    for event_type in event_types:
+        if not EVENT_TYPE.match(event_type):
+            raise EndpointError(f"invalid event type {event_type!r}: use an exact type, 'prefix.*' or '*'")
+    if secret is not None:
+        try:  # signing once is the check: it decodes the key exactly as the relay will
+            sign_standard_webhooks([secret], "msg_check", 0, b"")
+        except ValueError:
+            raise EndpointError("the secret must be a Standard Webhooks secret: whsec_ + base64") from None
+
+
+async def add(conn: asyncpg.Connection, name: str, url: str, *, event_types: Sequence[str] = (),
+              ordered: bool = False, secret: str | None = None, max_attempts: int = 12,
+              initial_delay: float = 5.0, max_delay: float = 3600.0, timeout_seconds: float = 10.0) -> str:
+    """Create an endpoint; return its secret (generated unless given)."""
+    validate(name, url, event_types, secret)
+    secret = secret or get_scheme("standard-webhooks").generate_secret()
+
+    stored = await conn.fetchval(
+        outbox.query("insert_endpoint"), name, url, list(event_types) or ["*"], ordered,
+        json.dumps([{"value": secret, "notAfter": None}]), max_attempts, initial_delay, max_delay, timeout_seconds,
+    )
+    if stored is None:
+        raise EndpointError(f"an endpoint named {name!r} exists already (delete it first)")
+    return secret
+
+
+async def load(conn: asyncpg.Connection | asyncpg.Pool) -> list[Endpoint]:
+    return [Endpoint.from_row(r) for r in await conn.fetch(outbox.query("list_endpoints"))]
+
+
+async def delete(conn: asyncpg.Connection, name: str) -> bool:
+    return await conn.fetchval(outbox.query("delete_endpoint"), name) is not None
+
+
+async def enable(conn: asyncpg.Connection, name: str) -> int | None:
+    """Re-enable an endpoint; return how many parked deliveries were requeued (None: no such endpoint)."""
+    row = await conn.fetchrow(outbox.query("enable_endpoint"), name)
+    return int(row["unparked"]) if row and row["found"] else None

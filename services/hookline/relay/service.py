@@ -1,0 +1,456 @@
+"""The relay: claims outbox deliveries and POSTs them, signed per Standard Webhooks.
+
+Loop: for each enabled endpoint in turn, claim up to the free concurrency with the
+shared queue claim (``core/queue.py``: one statement, SKIP LOCKED, leased, the
+attempt counted at claim), start a task per delivery, and when nothing is due
+sleep until a publish's NOTIFY or the poll interval.
+
+Why nothing is skipped: the claim selects by *status* ('pending' rows that are
+due), not by "ids above the last one I saw". An event whose transaction drew a
+lower id but committed later is simply pending when it becomes visible, and
+the next claim takes it. No high-water mark, so no gap to fall into.
+
+Delivery is at least once: the HTTP call happens outside any transaction and the
+bookkeeping after it. If the relay dies in between, the lease runs out, the
+sweeper puts the delivery back, and it is sent again with the same webhook-id
+(the outbox event's id), which is what receivers deduplicate on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import asyncpg
+from aiohttp import web
+
+from hookline import outbox
+from hookline.core import delivery, http, metrics
+from hookline.core.delivery import DeliveryResult
+from hookline.core.maintenance import sweep_once
+from hookline.core.queue import OUTBOX, truncate_error
+from hookline.core.signatures import sign_standard_webhooks
+from hookline.relay import endpoints as endpoints_mod
+from hookline.relay.endpoints import Endpoint
+
+log = logging.getLogger(__name__)
+
+RESPONSE_STORED = 1000  # characters of an answer kept in deliveries.last_response
+RETENTION_INTERVAL = 60.0  # seconds between retention passes
+
+
+@dataclass(frozen=True)
+class Claimed:
+    id: int
+    attempts: int
+    endpoint: Endpoint
+    event_id: str
+    body: bytes
+
+
+def envelope(event_type: str, created_at: datetime, payload: object) -> bytes:
+    """The Standard Webhooks body: the same bytes on every attempt (the stored event does not change)."""
+    timestamp = created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return json.dumps({"type": event_type, "timestamp": timestamp, "data": payload},
+                      separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def classify(result: DeliveryResult) -> str:
+    """The ``result`` label for an attempt."""
+    if result.ok:
+        return "delivered"
+    if result.status is None:
+        return "blocked" if result.error and "internal address" in result.error else "no_response"
+    if result.status == 410:
+        return "gone"
+    if result.status == 429:
+        return "rate_limited"
+    if result.status >= 500:
+        return "server_error"
+    return "client_error"  # other 4xx (and stray 1xx/3xx): retried, but the receiver is likely misconfigured
+
+
+class Completer:
+    """Collects successful deliveries for a few milliseconds and books them in one transaction."""
+
+    def __init__(self, pool: asyncpg.Pool, worker_id: str, max_batch: int = 500, window: float = 0.005) -> None:
+        self._pool, self._worker_id, self._max_batch, self._window = pool, worker_id, max_batch, window
+        self._pending: list[tuple[Claimed, DeliveryResult, asyncio.Future[bool]]] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="relay-completer")
+
+    async def complete(self, claimed: Claimed, result: DeliveryResult) -> bool:
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending.append((claimed, result, future))
+        self._wake.set()
+        return await future
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            if len(self._pending) < self._max_batch:
+                await asyncio.sleep(self._window)
+            self._wake.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch:]
+            try:
+                async with self._pool.acquire() as conn, conn.transaction():
+                    done = await OUTBOX.complete(conn, [(c.id, c.attempts) for c, _, _ in batch], self._worker_id)
+                    booked = [(c, r) for c, r, _ in batch if c.id in done]
+                    await conn.execute(
+                        outbox.query("record_responses"), [c.id for c, _ in booked],
+                        [r.status for _, r in booked], [r.body[:RESPONSE_STORED] for _, r in booked],
+                        [r.latency * 1000 for _, r in booked],
+                    )
+                    await conn.execute(outbox.query("endpoints_succeeded"),
+                                       sorted({c.endpoint.name for c, _ in booked}))
+            except Exception as exc:
+                for *_, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for claimed, _, future in batch:
+                if not future.done():
+                    future.set_result(claimed.id in done)
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.flush()
+
+
+def _set_event(event: asyncio.Event, *_: object) -> None:
+    event.set()
+
+
+class Relay:
+    """The relay service; ``start``/``stop`` like the receiver, optionally serving ops routes on ``port``."""
+
+    def __init__(self, pool: asyncpg.Pool, *, concurrency: int = 64, allow_private_networks: bool = False,
+                 host: str = "0.0.0.0", port: int | None = None, poll_interval: float = 1.0,
+                 lease_seconds: float = 60.0, grace_period: float = 25.0, retention_hours: float = 72.0,
+                 breaker_threshold: int = 5, probe_interval: float = 30.0, sweep_interval: float = 5.0,
+                 stats_interval: float = 5.0, worker_id: str | None = None) -> None:
+        self.pool = pool
+        self.concurrency = concurrency
+        self.allow_private_networks = allow_private_networks
+        self.host, self.port = host, port
+        self.poll_interval = poll_interval
+        self.lease_seconds = lease_seconds
+        self.grace_period = grace_period
+        self.retention_seconds = retention_hours * 3600
+        self.breaker_threshold = breaker_threshold
+        self.probe_interval = probe_interval
+        self.sweep_interval = sweep_interval
+        self.stats_interval = stats_interval
+        self.worker_id = worker_id or f"relay:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.completer = Completer(pool, self.worker_id)
+        self.session = delivery.create_session(allow_private_networks=allow_private_networks,
+                                               connections=concurrency)
+        self._endpoints: dict[str, Endpoint] = {}
+        self._endpoints_loaded = 0.0
+        self._in_flight: dict[int, tuple[asyncio.Task[None], str]] = {}
+        self._wake = asyncio.Event()
+        self._slot_free = asyncio.Event()
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._rotation = 0
+        self._runner: web.AppRunner | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._refresh_endpoints()
+        self.completer.start()
+        self._tasks = [asyncio.create_task(self._claim_loop(), name="relay-claim"),
+                       asyncio.create_task(self._heartbeat_loop(), name="relay-heartbeat"),
+                       asyncio.create_task(self._listen_loop(), name="relay-listen"),
+                       asyncio.create_task(self._maintenance_loop(), name="relay-maintenance")]
+        if self.port is not None:
+            self._runner = await http.serve(http.ops_app(self.pool), self.host, self.port)
+        log.info("relay started", extra={"worker": self.worker_id, "concurrency": self.concurrency,
+                                         "allow_private_networks": self.allow_private_networks})
+
+    async def stop(self) -> None:
+        """Stop claiming, let in-flight deliveries finish within the grace period, give back the rest."""
+        self._stopping = True
+        self._slot_free.set()
+        self._wake.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._tasks[0]
+        tasks = [t for t, _ in self._in_flight.values()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.grace_period)
+        unfinished = {id: t for id, (t, _) in self._in_flight.items() if not t.done()}
+        for task in unfinished.values():
+            task.cancel()
+        if unfinished:
+            await asyncio.wait(list(unfinished.values()), timeout=5)
+            # The request may or may not have reached the endpoint: sending again is the safe side.
+            released = await OUTBOX.release(self.pool, list(unfinished), self.worker_id)
+            log.info("released leases on shutdown", extra={"count": len(released)})
+        for task in self._tasks[1:]:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.completer.stop()
+        await self.session.close()
+        if self._runner:
+            await self._runner.cleanup()
+        log.info("relay stopped", extra={"worker": self.worker_id})
+
+    # --- endpoints -------------------------------------------------------------------------
+
+    async def _refresh_endpoints(self) -> None:
+        self._endpoints = {e.name: e for e in await endpoints_mod.load(self.pool)}
+        self._endpoints_loaded = time.monotonic()
+
+    def _breaker_open(self, endpoint: Endpoint) -> bool:
+        return endpoint.consecutive_failures >= self.breaker_threshold
+
+    def _per_endpoint_limit(self, active: int) -> int:
+        # One endpoint that hangs until its timeout must not take every slot from
+        # the others: with several endpoints, each gets at most half.
+        return self.concurrency if active <= 1 else max(1, self.concurrency // 2)
+
+    # --- claiming --------------------------------------------------------------------------
+
+    def _on_notify(self, _conn: object, _pid: int, channel: str, _payload: str) -> None:
+        if channel == "hookline_endpoints":
+            self._endpoints_loaded = 0.0  # re-read before the next claim
+        self._wake.set()
+
+    async def _listen_loop(self) -> None:
+        """LISTEN is only a hint to look sooner; losing it just means waiting for the next poll."""
+        channels = ("hookline_outbox", "hookline_endpoints")
+        while True:
+            listener: asyncpg.Connection | None = None
+            try:
+                listener = await self.pool.acquire()
+                closed = asyncio.Event()
+                listener.add_termination_listener(functools.partial(_set_event, closed))
+                for channel in channels:
+                    await listener.add_listener(channel, self._on_notify)
+                await closed.wait()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("relay LISTEN connection lost; polling meanwhile", extra={"error": str(exc)})
+            finally:
+                if listener is not None:
+                    for channel in channels:
+                        with contextlib.suppress(Exception):
+                            await listener.remove_listener(channel, self._on_notify)
+                    with contextlib.suppress(Exception):
+                        await self.pool.release(listener)
+            await asyncio.sleep(1)
+
+    async def _claim_loop(self) -> None:
+        while not self._stopping:
+            while len(self._in_flight) >= self.concurrency and not self._stopping:
+                self._slot_free.clear()
+                await self._slot_free.wait()
+            if self._stopping:
+                break
+            self._wake.clear()
+            try:
+                if time.monotonic() - self._endpoints_loaded > self.poll_interval:
+                    await self._refresh_endpoints()
+                claimed = await self._claim_round()
+            except Exception as exc:
+                log.warning("claim failed; retrying", extra={"error": str(exc)})
+                await asyncio.sleep(1)
+                continue
+            if not claimed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+
+    async def _claim_round(self) -> int:
+        active = [e for e in self._endpoints.values() if e.enabled]
+        if not active:
+            return 0
+        self._rotation = (self._rotation + 1) % len(active)
+        per_endpoint = self._per_endpoint_limit(len(active))
+        claimed = 0
+        for endpoint in active[self._rotation:] + active[: self._rotation]:
+            busy = sum(1 for _, name in self._in_flight.values() if name == endpoint.name)
+            limit = min(self.concurrency - len(self._in_flight), per_endpoint - busy)
+            if self._stopping or len(self._in_flight) >= self.concurrency:
+                break
+            if limit <= 0:
+                continue
+            if self._breaker_open(endpoint):
+                # Open circuit: one probe per interval, across all relays (the UPDATE decides who).
+                if busy or not await self.pool.fetchval(outbox.query("take_probe"), endpoint.name,
+                                                        self.breaker_threshold, self.probe_interval):
+                    continue
+                limit = 1
+            rows = await OUTBOX.claim(self.pool, endpoint.name, limit, self.worker_id, self.lease_seconds,
+                                      ordered=endpoint.ordered)
+            if rows:
+                events = {r["id"]: r for r in await self.pool.fetch(outbox.query("claimed_events"),
+                                                                   [r["outbox_id"] for r in rows])}
+                for row in rows:
+                    event = events[row["outbox_id"]]
+                    self._start(Claimed(row["id"], row["attempts"], endpoint, event["event_id"],
+                                        envelope(event["event_type"], event["created_at"], event["payload"])))
+            claimed += len(rows)
+        return claimed
+
+    def _start(self, claimed: Claimed) -> None:
+        task = asyncio.create_task(self._deliver(claimed))
+        self._in_flight[claimed.id] = (task, claimed.endpoint.name)
+        task.add_done_callback(functools.partial(self._finished, claimed.id))
+
+    def _finished(self, id: int, task: asyncio.Task[None]) -> None:
+        self._in_flight.pop(id, None)
+        self._slot_free.set()
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # Bookkeeping failed (Postgres away): the lease runs out and the sweeper retries it.
+            log.warning("delivery bookkeeping failed; the lease will expire and it is retried",
+                        extra={"delivery": id, "error": f"{type(exc).__name__}: {exc}"})
+
+    # --- one delivery ----------------------------------------------------------------------
+
+    async def _deliver(self, claimed: Claimed) -> None:
+        endpoint = claimed.endpoint
+        if endpoint.secrets:
+            headers = sign_standard_webhooks(endpoint.secrets, claimed.event_id, int(time.time()), claimed.body)
+            headers["content-type"] = "application/json"
+            result = await delivery.post(self.session, endpoint.url, claimed.body, headers, timeout=endpoint.timeout)
+        else:
+            result = DeliveryResult(None, "", 0.0, error="the endpoint has no valid secret to sign with")
+        outcome = classify(result)
+        metrics.relay_deliveries.labels(endpoint.name, outcome).inc()
+        if result.status is not None:
+            metrics.relay_latency.labels(endpoint.name).observe(result.latency)
+        if outcome == "delivered":
+            await self.completer.complete(claimed, result)
+        elif outcome == "gone":
+            await self._disable(claimed, result)
+        else:
+            await self._fail(claimed, result)
+
+    async def _disable(self, claimed: Claimed, result: DeliveryResult) -> None:
+        reason = f"HTTP 410 Gone at {datetime.now(UTC).isoformat(timespec='seconds')}: endpoint disabled"
+        parked = await self.pool.fetch(
+            outbox.query("disable_endpoint"), claimed.endpoint.name, reason, claimed.id, claimed.attempts,
+            self.worker_id, result.status, result.body[:RESPONSE_STORED], result.latency * 1000,
+        )
+        self._endpoints_loaded = 0.0
+        log.warning("endpoint answered 410 Gone: disabled, its deliveries parked (hookline endpoints enable "
+                    "re-enables it)", extra={"endpoint": claimed.endpoint.name, "parked": len(parked)})
+
+    async def _fail(self, claimed: Claimed, result: DeliveryResult) -> None:
+        endpoint = claimed.endpoint
+        error = truncate_error(result.describe(), endpoint.secrets)
+        async with self.pool.acquire() as conn, conn.transaction():
+            if claimed.attempts >= endpoint.retry.max_attempts:
+                booked = await OUTBOX.bury(conn, claimed.id, claimed.attempts, self.worker_id, error)
+                if booked:
+                    metrics.relay_dead.labels(endpoint.name).inc()
+                    log.warning("delivery dead after its last attempt",
+                                extra={"endpoint": endpoint.name, "event_id": claimed.event_id, "error": error})
+            else:
+                delay = endpoint.retry.next_delay(claimed.attempts, result.retry_after)
+                booked = await OUTBOX.retry(conn, claimed.id, claimed.attempts, self.worker_id, delay, error)
+                if booked:
+                    # The endpoint may have been disabled (410) while this was in flight.
+                    await conn.execute(outbox.query("park_delivery"), claimed.id, claimed.attempts, self.worker_id)
+            if not booked:
+                return  # the lease was lost meanwhile; whoever holds it now books it
+            await conn.execute(outbox.query("record_responses"), [claimed.id], [result.status],
+                               [result.body[:RESPONSE_STORED]], [result.latency * 1000])
+            state = await conn.fetchrow(outbox.query("endpoint_failed"), endpoint.name, self.breaker_threshold,
+                                        self.probe_interval)
+        if state is not None and (cached := self._endpoints.get(endpoint.name)) is not None:
+            # Our own failures take effect at once; other relays' arrive with the next refresh.
+            self._endpoints[endpoint.name] = dataclasses.replace(
+                cached, consecutive_failures=state["consecutive_failures"],
+                circuit_open_until=state["circuit_open_until"])
+
+    # --- background work -------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        """Extend in-flight leases well before they run out (a slow endpoint is not a dead relay)."""
+        while True:
+            await asyncio.sleep(max(0.2, self.lease_seconds / 3))
+            ids = list(self._in_flight)
+            if ids:
+                try:
+                    await OUTBOX.extend_leases(self.pool, ids, self.worker_id, self.lease_seconds)
+                except Exception as exc:
+                    log.warning("heartbeat failed", extra={"error": str(exc)})
+
+    async def sweep(self) -> None:
+        """Requeue (or bury) deliveries whose relay died: the at-least-once half of the crash story.
+        Every relay sweeps; SKIP LOCKED in the sweep makes that safe."""
+        result = await sweep_once(self.pool, {e.name: e.retry for e in self._endpoints.values()}, OUTBOX)
+        for partition, count in result.dead.items():
+            metrics.relay_dead.labels(partition).inc(count)
+        if result.total:
+            self._wake.set()
+
+    async def run_retention(self, batch: int = 500) -> int:
+        """Delete delivered events older than the retention age, one short transaction per batch."""
+        if self.retention_seconds <= 0:
+            return 0
+        total = 0
+        while not self._stopping:
+            status = await self.pool.execute(outbox.query("retention"), self.retention_seconds, batch)
+            deleted = int(status.split()[-1])
+            total += deleted
+            if deleted < batch:
+                break
+            await asyncio.sleep(0.05)  # let other writers in between batches
+        if total:
+            metrics.outbox_retention_deleted.inc(total)
+            log.info("retention deleted delivered events", extra={"count": total})
+        return total
+
+    async def refresh_stats(self) -> None:
+        stats = await OUTBOX.stats(self.pool)
+        ages = {r["endpoint"]: r for r in await self.pool.fetch(outbox.query("undelivered_age"))}
+        for name in set(stats) | set(ages) | set(self._endpoints):
+            s, a = stats.get(name), ages.get(name)
+            metrics.outbox_backlog.labels(name).set(s.backlog if s else 0)
+            metrics.outbox_dead.labels(name).set(s.dead if s else 0)
+            metrics.outbox_oldest_undelivered.labels(name).set(float(a["seconds"]) if a else 0)
+            metrics.outbox_parked.labels(name).set(int(a["parked"]) if a else 0)
+            endpoint = self._endpoints.get(name)
+            metrics.relay_circuit_open.labels(name).set(int(endpoint is not None and self._breaker_open(endpoint)))
+
+    async def _maintenance_loop(self) -> None:
+        jobs: tuple[tuple[Callable[[], Awaitable[object]], float], ...] = (
+            (self.sweep, self.sweep_interval), (self.refresh_stats, self.stats_interval),
+                (self.run_retention, RETENTION_INTERVAL))
+        next_run = [0.0] * len(jobs)
+        while True:
+            for i, (job, interval) in enumerate(jobs):
+                if time.monotonic() < next_run[i]:
+                    continue
+                next_run[i] = time.monotonic() + interval
+                try:
+                    await job()
+                except Exception as exc:
+                    log.warning("relay maintenance failed", extra={"job": job.__name__, "error": str(exc)})
+            await asyncio.sleep(max(0.05, min(next_run) - time.monotonic()))

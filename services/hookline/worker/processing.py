@@ -1,0 +1,204 @@
+"""What happens to one claimed inbox event: the exactly-once recipe.
+
+Three paths, chosen by the provider:
+
+* ``handler`` taking ``(event, conn)``: the handler runs inside a transaction
+  that first proves the lease is still ours (row lock on the event) and then
+  marks the event done. Its database writes and "done" commit together or not
+  at all, so a crash or a lost lease can never leave the effect applied twice.
+* ``handler`` taking ``(event)`` or a ``destination`` URL: the effect is outside
+  our database, so it runs without a transaction and "done" is written in
+  batches. A crash between the effect and the bookkeeping repeats the call; the
+  ``Idempotency-Key: <provider>:<event_id>`` header lets the receiving side
+  collapse the repeat into one effect.
+* ``ordering``: the entity's state row is locked, the transition checked, and the
+  effect, the new state, "done", and the release of the entity's deferred events
+  commit in one transaction.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import Enum
+
+import aiohttp
+import asyncpg
+
+from hookline.core import db, delivery, metrics
+from hookline.core.providers import Provider, Transition
+from hookline.core.queue import INBOX, truncate_error
+from hookline.core.signatures import sign_standard_webhooks
+from hookline.worker.event import Event
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[..., Awaitable[None]]
+
+
+class Result(Enum):
+    DONE = "done"
+    RETRY = "retry"
+    DEFERRED = "deferred"
+    DEAD = "dead"
+    LOST = "lost"  # the lease was taken from us; nothing was committed
+
+
+class PermanentFailure(Exception):
+    """Retrying cannot help (e.g. the destination answered 400): the event goes dead now."""
+
+
+class RetryableFailure(Exception):
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass
+class LoadedHandler:
+    function: Handler
+    transactional: bool  # takes (event, conn)
+
+
+_handlers: dict[str, LoadedHandler] = {}
+
+
+def load_handler(path: str) -> LoadedHandler:
+    """Import ``package.module:function`` once; a handler of one parameter runs without a transaction."""
+    if path not in _handlers:
+        module_name, _, attr = path.partition(":")
+        function = getattr(importlib.import_module(module_name), attr)
+        if not inspect.iscoroutinefunction(function):
+            raise TypeError(f"handler {path} must be an async function")
+        transactional = len(inspect.signature(function).parameters) >= 2
+        _handlers[path] = LoadedHandler(function, transactional)
+    return _handlers[path]
+
+
+def find_transition(provider: Provider, event_type: str | None) -> Transition | None:
+    if provider.ordering is None or event_type is None:
+        return None
+    return next((t for t in provider.ordering.transitions if t.on == event_type), None)
+
+
+class Processor:
+    def __init__(self, pool: asyncpg.Pool, session: aiohttp.ClientSession, worker_id: str,
+                 complete_later: Callable[[int, int], Awaitable[bool]]) -> None:
+        self.pool = pool
+        self.session = session
+        self.worker_id = worker_id
+        self._complete_later = complete_later
+        self.in_transaction: set[int] = set()  # ids whose row lock we hold (the heartbeat skips them)
+
+    async def process(self, event: Event, provider: Provider, deferred_since: float | None) -> Result:
+        started = time.perf_counter()
+        try:
+            transition = find_transition(provider, event.event_type)
+            if transition is not None and event.entity_key is None:
+                assert provider.ordering is not None
+                raise PermanentFailure(f"no entity key at {provider.ordering.entity_key.describe()}")
+            if transition is not None:
+                result = await self._in_transaction(event, provider, transition, deferred_since)
+            elif provider.handler and load_handler(provider.handler).transactional:
+                result = await self._in_transaction(event, provider, None, None)
+            else:
+                await self._effect(event, provider, None)
+                result = Result.DONE if await self._complete_later(event.id, event.attempts) else Result.LOST
+        except PermanentFailure as exc:
+            result = await self._finish_failure(event, provider, str(exc), permanent=True)
+        except RetryableFailure as exc:
+            result = await self._finish_failure(event, provider, str(exc), retry_after=exc.retry_after)
+        except Exception as exc:
+            # A handler that raises, a payload it cannot read, an import error: all retried, then dead.
+            result = await self._finish_failure(event, provider, f"{type(exc).__name__}: {exc}")
+        metrics.handler_duration.labels(event.provider).observe(time.perf_counter() - started)
+        metrics.worker_events.labels(event.provider, result.value).inc()
+        return result
+
+    async def _effect(self, event: Event, provider: Provider, conn: asyncpg.Connection | None) -> None:
+        if provider.handler:
+            handler = load_handler(provider.handler)
+            await (handler.function(event, conn) if handler.transactional else handler.function(event))
+        elif provider.destination:
+            await self._call_destination(event, provider)
+        else:
+            raise PermanentFailure(f"provider {provider.name} has neither handler nor destination")
+
+    async def _call_destination(self, event: Event, provider: Provider) -> None:
+        assert provider.destination is not None
+        headers = {
+            "Content-Type": event.content_type or "application/json",
+            "Hookline-Event-Id": event.event_id,
+            "Hookline-Provider": event.provider,
+            "Idempotency-Key": event.idempotency_key,
+        }
+        if provider.destination_secret:
+            headers.update(sign_standard_webhooks([provider.destination_secret], event.idempotency_key,
+                                                  int(time.time()), event.body))
+        answer = await delivery.post(self.session, provider.destination.url, event.body, headers,
+                                     timeout=provider.destination.timeout_seconds)
+        if answer.ok:
+            return
+        if answer.status is None or answer.status in (408, 425, 429) or answer.status >= 500:
+            raise RetryableFailure(f"destination: {answer.describe()}", answer.retry_after)
+        raise PermanentFailure(f"destination rejected the event: {answer.describe()}")
+
+    async def _in_transaction(self, event: Event, provider: Provider, transition: Transition | None,
+                              deferred_since: float | None) -> Result:
+        async with self.pool.acquire() as conn:
+            self.in_transaction.add(event.id)
+            try:
+                async with conn.transaction():
+                    if not await INBOX.lock_own(conn, event.id, event.attempts, self.worker_id):
+                        return Result.LOST
+                    if transition is not None:
+                        assert provider.ordering is not None and event.entity_key is not None
+                        row = await conn.fetchrow(db.query("lock_entity_state"), provider.name, event.entity_key)
+                        state = row["state"] if row else None
+                        if state not in transition.from_states:
+                            return await self._defer(conn, event, provider, transition, state, deferred_since)
+                    await self._effect(event, provider, conn)
+                    if transition is not None:
+                        await conn.execute(db.query("set_entity_state"), provider.name, event.entity_key,
+                                           transition.to)
+                        await conn.fetchrow(db.query("release_deferred"), provider.name, event.entity_key)
+                    if not await INBOX.complete(conn, [(event.id, event.attempts)], self.worker_id):
+                        raise RuntimeError("lease lost while completing")  # rolls the effect back
+                return Result.DONE
+            finally:
+                self.in_transaction.discard(event.id)
+
+    async def _defer(self, conn: asyncpg.Connection, event: Event, provider: Provider, transition: Transition,
+                     state: str | None, deferred_since: float | None) -> Result:
+        assert provider.ordering is not None
+        waited = time.time() - deferred_since if deferred_since else 0.0
+        remaining = provider.ordering.max_deferral_seconds - waited
+        wanted = " or ".join("no state" if s is None else repr(s) for s in transition.from_states)
+        reason = (f"precondition_not_met: {event.event_type} needs entity {event.entity_key} in {wanted}, "
+                  f"found {'no state' if state is None else repr(state)}")
+        if remaining <= 0:
+            await INBOX.bury(conn, event.id, event.attempts, self.worker_id,
+                             f"{reason} after waiting {waited:.0f} s")
+            return Result.DEAD
+        # Applying the predecessor releases us at once; until then look again now and then.
+        await conn.execute(db.query("defer_event"), event.id, event.attempts, self.worker_id,
+                           min(remaining, 30.0), reason)
+        return Result.DEFERRED
+
+    async def _finish_failure(self, event: Event, provider: Provider, error: str, *, permanent: bool = False,
+                              retry_after: float | None = None) -> Result:
+        error = truncate_error(error, [*provider.signature.secrets, provider.destination_secret or ""])
+        if permanent or event.attempts >= provider.retry.max_attempts:
+            if not permanent:
+                error = f"gave up after {event.attempts} attempts: {error}"
+            ok = await INBOX.bury(self.pool, event.id, event.attempts, self.worker_id, error)
+            log.warning("event dead", extra={"provider": event.provider, "event_id": event.event_id,
+                                             "attempts": event.attempts, "error": error[:300]})
+            return Result.DEAD if ok else Result.LOST
+        delay = provider.retry.next_delay(event.attempts, retry_after)
+        ok = await INBOX.retry(self.pool, event.id, event.attempts, self.worker_id, delay, error)
+        return Result.RETRY if ok else Result.LOST

@@ -1,0 +1,61 @@
+"""Handlers the worker tests configure (imported by real worker processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+import asyncpg
+
+_calls: asyncpg.Pool | None = None
+
+
+async def _record_call(event: Any) -> None:
+    """Count every invocation on a separate connection: a rolled-back attempt still counts here."""
+    global _calls
+    if _calls is None:
+        _calls = await asyncpg.create_pool(os.environ["HOOKLINE_DATABASE_URL"], min_size=1, max_size=4)
+    await _calls.execute("INSERT INTO test_calls (provider, event_id, pid) VALUES ($1, $2, $3)",
+                         event.provider, event.event_id, os.getpid())
+
+
+async def record_effect(event: Any, conn: asyncpg.Connection) -> None:
+    """The business effect: a row in the same transaction that marks the event done."""
+    await _record_call(event)
+    await conn.execute("INSERT INTO test_effects (provider, event_id, event_type) VALUES ($1, $2, $3)",
+                       event.provider, event.event_id, event.event_type)
+
+
+async def record_effect_slowly(event: Any, conn: asyncpg.Connection) -> None:
+    await _record_call(event)
+    await asyncio.sleep(float(os.environ.get("TEST_HANDLER_SLEEP", "0.3")))
+    await conn.execute("INSERT INTO test_effects (provider, event_id, event_type) VALUES ($1, $2, $3)",
+                       event.provider, event.event_id, event.event_type)
+
+
+async def kill_my_worker(event: Any, conn: asyncpg.Connection) -> None:
+    await _record_call(event)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def fail_until_third(event: Any, conn: asyncpg.Connection) -> None:
+    await _record_call(event)
+    if event.attempts < 3:
+        raise RuntimeError(f"failing attempt {event.attempts} on purpose")
+    await conn.execute("INSERT INTO test_effects (provider, event_id, event_type) VALUES ($1, $2, $3)",
+                       event.provider, event.event_id, event.event_type)
+
+
+async def always_fail(event: Any, conn: asyncpg.Connection) -> None:
+    await _record_call(event)
+    event.json()["data"]["missing"]  # a poison payload: KeyError
+
+
+async def external_effect(event: Any) -> None:
+    """One parameter: no transaction; blocks while the file named by TEST_GATE exists."""
+    await _record_call(event)
+    gate = os.environ.get("TEST_GATE")
+    while gate and os.path.exists(gate):  # noqa: ASYNC110 - the gate is a file another process removes
+        await asyncio.sleep(0.05)
