@@ -30,11 +30,37 @@ lint: $(STAMP)  ## ruff
 typecheck: $(STAMP)  ## mypy --strict on the project's packages
 	$(BIN)/mypy
 
-pytest: $(STAMP)  ## the test suite (real Postgres, real processes)
+pytest: $(STAMP) envtest  ## the test suite (real Postgres, real processes, a real kube-apiserver)
 	$(BIN)/pytest $(ARGS)
+
+envtest:  ## build etcd, kube-apiserver and kubectl once per machine (cached in ~/.cache/hookline/envtest)
+	@if command -v go >/dev/null 2>&1 || [ -n "$$KUBEBUILDER_ASSETS" ]; then \
+		nice -n 19 tests/envtest/build.sh; \
+	else \
+		echo "envtest: no Go toolchain; Kubernetes tests will be skipped (HOOKLINE_REQUIRE_K8S=1 makes that an error)"; \
+	fi
 
 bench-receiver: $(STAMP)  ## receiver throughput vs the pgbench ceiling
 	$(BIN)/python -m benchmarks.receiver $(ARGS)
 
+bench-relay: $(STAMP)  ## outbox relay: 50,000 events to a local endpoint at concurrency 64
+	$(BIN)/python -m benchmarks.relay $(ARGS)
+
 clean:  ## remove the virtualenv and dev data
 	rm -rf $(VENV) .hookline .mypy_cache .ruff_cache .pytest_cache
+
+# --- Kubernetes dev loop (optional: needs Docker, kind, kubectl, helm and skaffold) -----------------
+KIND_CLUSTER ?= hookline
+.PHONY: kind-up dev-k8s kind-down
+
+kind-up:  ## create a local kind cluster named $(KIND_CLUSTER) (idempotent)
+	@command -v kind >/dev/null || { echo "kind is not installed: https://kind.sigs.k8s.io/docs/user/quick-start/"; exit 1; }
+	kind get clusters | grep -qx '$(KIND_CLUSTER)' || kind create cluster --name '$(KIND_CLUSTER)' --wait 120s
+	kubectl config use-context 'kind-$(KIND_CLUSTER)'
+
+dev-k8s:  ## build, deploy the chart with dev values and sync code on every save (skaffold dev)
+	@command -v skaffold >/dev/null || { echo "skaffold is not installed: https://skaffold.dev/docs/install/"; exit 1; }
+	skaffold dev --profile kind --kube-context 'kind-$(KIND_CLUSTER)' $(ARGS)
+
+kind-down:  ## delete the kind cluster
+	kind delete cluster --name '$(KIND_CLUSTER)'

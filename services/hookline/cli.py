@@ -11,7 +11,7 @@ from typing import Any
 
 from hookline import __version__
 from hookline.core import logs
-from hookline.core.config import ConfigError, env_flag
+from hookline.core.config import ConfigError
 
 EPILOG = """\
 Every command reads HOOKLINE_DATABASE_URL (a postgresql:// URL), except `dev`,
@@ -92,7 +92,6 @@ def build_parser() -> argparse.ArgumentParser:
                        "endpoint, dead letters and retention. Run as many as you like.")
     p.add_argument("--concurrency", type=int, default=64, help="deliveries in flight at once (default 64)")
     p.add_argument("--allow-private-networks", action="store_true",
-                   default=env_flag("HOOKLINE_ALLOW_PRIVATE_NETWORKS"),
                    help="allow endpoints on loopback/private addresses (or HOOKLINE_ALLOW_PRIVATE_NETWORKS=true)")
     p.add_argument("--retention-hours", type=float, default=72.0,
                    help="delete delivered events older than this (default 72; 0 keeps them)")
@@ -131,6 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
     ee = esub.add_parser("enable", help="re-enable an endpoint disabled by a 410 and requeue what it missed")
     ee.add_argument("name")
     _add_common(ee)
+    er = esub.add_parser("rotate-secret", help="sign with a new secret; the old one keeps signing meanwhile")
+    er.add_argument("name")
+    er.add_argument("--overlap-hours", type=float, default=24.0,
+                    help="how long the old secret keeps signing too (default 24)")
+    _add_common(er)
+
+    p = sub.add_parser("operator", help="the Kubernetes operator for WebhookProvider resources",
+                       description="Reconciles WebhookProvider resources (hookline.io/v1alpha1): creates "
+                       "signing Secrets, syncs providers into Postgres, scales each provider's worker Deployment "
+                       "by backlog, requeues expired leases, replays dead letters and rotates secrets on "
+                       "annotation. Uses KUBECONFIG or the in-cluster service account.")
+    from hookline_operator.main import add_arguments
+
+    add_arguments(p)
+    _add_common(p)
 
     p = sub.add_parser("providers", help="manage providers without Kubernetes")
     psub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -159,6 +173,14 @@ def _run(coro_fn: Callable[..., Coroutine[Any, Any, int | None]], *args: Any) ->
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logs.setup(getattr(args, "log_level", None))
+    if args.command == "operator":
+        from hookline_operator.main import run
+
+        try:
+            sys.exit(run(args))
+        except ConfigError as exc:
+            print(f"hookline: {exc}", file=sys.stderr)
+            sys.exit(2)
     from hookline import commands
 
     handler = {

@@ -190,12 +190,14 @@ async def dlq(args: argparse.Namespace) -> int:
 
 
 async def relay(args: argparse.Namespace) -> int:
+    from hookline.core.config import env_flag
     from hookline.relay.service import Relay
 
     if args.concurrency < 1:
         return _fail("--concurrency must be at least 1")
+    allow_private = args.allow_private_networks or env_flag("HOOKLINE_ALLOW_PRIVATE_NETWORKS")
     pool = await db.create_pool(max_size=min(args.concurrency, 16) + 4)
-    service = Relay(pool, concurrency=args.concurrency, allow_private_networks=args.allow_private_networks,
+    service = Relay(pool, concurrency=args.concurrency, allow_private_networks=allow_private,
                     host=args.host, port=args.port, poll_interval=args.poll_interval,
                     lease_seconds=args.lease_seconds, grace_period=args.grace_period,
                     retention_hours=args.retention_hours, breaker_threshold=args.breaker_threshold,
@@ -241,6 +243,14 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
             if unparked is None:
                 return _fail(f"no endpoint named {args.name!r}")
             print(f"endpoint/{args.name} enabled; {unparked} parked deliveries requeued")
+        elif args.action == "rotate-secret":
+            from datetime import timedelta
+
+            rotated = await endpoints.rotate_secret(conn, args.name, timedelta(hours=args.overlap_hours))
+            if rotated is None:
+                return _fail(f"no endpoint named {args.name!r}")
+            print(f"endpoint/{args.name}: new secret (shown once; the old one also signs for "
+                  f"{args.overlap_hours:g} h): {rotated}")
     finally:
         await conn.close()
     return 0

@@ -81,9 +81,15 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text[-lines:])
 
 
+def _openssl(*args: str) -> None:
+    done = subprocess.run(["openssl", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ApiServerError(f"openssl {args[0]} failed: {done.stderr.strip()}")
+
+
 def _openssl_cert(pki: Path, name: str, subject: str, extensions: list[str], issuer: str | None) -> None:
     """Write ``<name>.key`` (ECDSA P-256: instant to generate) and ``<name>.crt``, signed by ``issuer``."""
-    args = ["openssl", "req", "-x509", "-days", "2", "-nodes"]
+    args = ["req", "-x509", "-days", "2", "-nodes"]
     args += ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
     # An empty config: the system openssl.cnf would mark every -x509 certificate CA:TRUE.
     args += ["-config", str(pki / "openssl.cnf"), "-subj", subject]
@@ -92,7 +98,7 @@ def _openssl_cert(pki: Path, name: str, subject: str, extensions: list[str], iss
         args += ["-CA", str(pki / f"{issuer}.crt"), "-CAkey", str(pki / f"{issuer}.key")]
     for extension in [*extensions, "subjectKeyIdentifier=hash"]:
         args += ["-addext", extension]
-    subprocess.run(args, check=True, capture_output=True)
+    _openssl(*args)
 
 
 def _make_pki(pki: Path) -> None:
@@ -122,18 +128,10 @@ def _make_pki(pki: Path) -> None:
         "ca",
     )
     # Group (O) system:masters is what makes this user a cluster admin, whatever RBAC says.
-    _openssl_cert(
-        pki, "admin", f"/O=system:masters/CN={ADMIN_USER}", [*leaf, "extendedKeyUsage=clientAuth"], "ca"
-    )
+    _openssl_cert(pki, "admin", f"/O=system:masters/CN={ADMIN_USER}", [*leaf, "extendedKeyUsage=clientAuth"], "ca")
     sa_key = str(pki / "sa.key")
-    subprocess.run(
-        ["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", sa_key], check=True
-    )
-    subprocess.run(
-        ["openssl", "ec", "-in", sa_key, "-pubout", "-out", str(pki / "sa.pub")],
-        check=True,
-        capture_output=True,
-    )
+    _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", sa_key)
+    _openssl("ec", "-in", sa_key, "-pubout", "-out", str(pki / "sa.pub"))
 
 
 class ApiServer:
@@ -190,9 +188,7 @@ class ApiServer:
         pki.mkdir()
         _make_pki(pki)
         # Format: token,user,uid,"group1,group2".
-        self._path("tokens.csv").write_text(
-            f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n'
-        )
+        self._path("tokens.csv").write_text(f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
 
         etcd_port, peer_port, self.port = _free_port(), _free_port(), _free_port()
         etcd_url, peer_url = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{peer_port}"
@@ -261,8 +257,7 @@ class ApiServer:
 
     def _failure(self, what: str) -> ApiServerError:
         logs = "\n".join(
-            f"--- {name} log ({self._path(name + '.log')}), last lines:\n{_tail(self._path(name + '.log'))}"
-            for name, _, _ in self._procs
+            f"--- last lines of the {name} log:\n{_tail(self._path(name + '.log'))}" for name, _, _ in self._procs
         )
         return ApiServerError(f"{what}\n{logs}")
 
@@ -329,11 +324,7 @@ class ApiServer:
         if token is None:
             auth = [f"--kubeconfig={self.kubeconfig}"]
         else:  # no kubeconfig at all, or its admin client certificate would win over the token
-            auth = [
-                "--kubeconfig=/dev/null",
-                f"--server={self.url}",
-                f"--certificate-authority={self.ca_file}",
-            ]
+            auth = ["--kubeconfig=/dev/null", f"--server={self.url}", f"--certificate-authority={self.ca_file}"]
             auth.append(f"--token={token}")
         # Keep the discovery cache with this server instead of in ~/.kube/cache.
         argv = [str(self.assets / "kubectl"), *auth, f"--cache-dir={self._path('kubectl-cache')}", *args]

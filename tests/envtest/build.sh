@@ -34,13 +34,16 @@ fi
 
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 [[ -x "$GO" ]] || { log "no Go toolchain found (set GO=/path/to/go)"; exit 1; }
-# Never let a module's toolchain line trigger a toolchain download; the local Go must do.
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=mod"
+# Never let a module's toolchain line trigger a toolchain download (the local Go must do), and never
+# let a go.work or go.mod around the caller's directory take part.
+export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=mod"
 
 mkdir -p "$DEST"
-# Two concurrent callers (make + pytest, two engineers) must not both spend 20 minutes compiling.
-exec 9>"$CACHE/.build.lock"
-flock 9
+# Two concurrent callers (make + pytest, two engineers) must not both spend many minutes compiling.
+if command -v flock >/dev/null; then
+    exec 9>"$CACHE/.build.lock"
+    flock 9
+fi
 if has_all "$DEST"; then echo "$DEST"; exit 0; fi
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/hookline-envtest.XXXXXX")"
@@ -67,7 +70,8 @@ if [[ ! -x "$DEST/kube-apiserver" || ! -x "$DEST/kubectl" ]]; then
     # k8s.io/kubernetes requires its staging modules (k8s.io/api, client-go, ...) as v0.0.0 and
     # replaces them with ./staging/...; outside its repository each must be mapped to the published
     # v0.X.Y tag, derived here from that go.mod so the list never goes stale.
-    gomod="$("$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^\s*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+    gomod="$(cd "$WORK" && "$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
+        sed -n 's/^\s*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
     staging_version="v0.${K8S_VERSION#v1.}"
     {
         echo "module hookline.local/envtest"

@@ -24,8 +24,9 @@ sys.path.insert(0, str(REPO / "tests" / "envtest"))
 from apiserver import ApiServer, find_assets  # noqa: E402
 
 ADVICE = (
-    "no kube-apiserver/etcd/kubectl found: run `make envtest` to build kube-apiserver/etcd/kubectl once "
-    "(cached in ~/.cache/hookline/envtest), or point KUBEBUILDER_ASSETS at them"
+    "no kube-apiserver/etcd/kubectl found: run `make envtest` (tests/envtest/build.sh) to build "
+    "kube-apiserver/etcd/kubectl once (cached in ~/.cache/hookline/envtest), "
+    "or point KUBEBUILDER_ASSETS at them"
 )
 
 

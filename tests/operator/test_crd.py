@@ -60,6 +60,12 @@ def create(api: ApiServer, namespace: str, name: str, spec: Spec, *flags: str) -
     return api.kubectl("create", "-n", namespace, *flags, "-f", "-", input=manifest(name, spec), check=False)
 
 
+def patch_status(api: ApiServer, namespace: str, name: str, status: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    patch = json.dumps({"status": status})
+    args = ("patch", "whp", name, "-n", namespace, "--subresource=status", "--type=merge", "-p", patch)
+    return api.kubectl(*args, check=False)
+
+
 def get(api: ApiServer, namespace: str, name: str) -> dict[str, Any]:
     obj: dict[str, Any] = json.loads(api.kubectl("get", "whp", name, "-n", namespace, "-o", "json").stdout)
     return obj
@@ -216,7 +222,7 @@ def test_inline_secrets_are_refused(apiserver: ApiServer, namespace: str, valida
     result = create(apiserver, namespace, "inline", spec, f"--validate={validate}")
     assert result.returncode != 0
     assert "signature.secrets (inline secret values) is only for the providers file" in result.stderr
-    assert "whp" not in apiserver.kubectl("get", "whp", "-n", namespace, "-o", "name").stdout
+    assert apiserver.kubectl("get", "whp", "-n", namespace, "-o", "name").stdout == ""
 
 
 def test_unknown_fields_are_rejected_under_strict_validation(apiserver: ApiServer, namespace: str) -> None:
@@ -254,42 +260,19 @@ def test_get_prints_columns_from_status(apiserver: ApiServer, namespace: str) ->
             }
         ],
     }
-    apiserver.kubectl(
-        "patch",
-        "whp",
-        "stripe",
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": status}),
-    )
+    patched = patch_status(apiserver, namespace, "stripe", status)
+    assert patched.returncode == 0, patched.stderr
     header, row = apiserver.kubectl("get", "whp", "-n", namespace).stdout.splitlines()
     assert header.split() == ["NAME", "SCHEME", "READY", "BACKLOG", "DEAD", "REPLICAS", "AGE"]
     assert row.split()[:6] == ["stripe", "stripe", "True", "42", "3", "2"]
     # The category lists it next to anything else Hookline defines.
-    assert (
-        "webhookprovider.hookline.io/stripe"
-        in apiserver.kubectl("get", "hookline", "-n", namespace, "-o", "name").stdout
-    )
+    listed = apiserver.kubectl("get", "hookline", "-n", namespace, "-o", "name").stdout
+    assert listed.split() == ["webhookprovider.hookline.io/stripe"]
 
 
 def test_status_conditions_must_be_well_formed(apiserver: ApiServer, namespace: str) -> None:
     assert create(apiserver, namespace, "stripe", MINIMAL_SPEC).returncode == 0
-    bad = {"status": {"conditions": [{"type": "Ready", "status": "Yes"}]}}
-    result = apiserver.kubectl(
-        "patch",
-        "whp",
-        "stripe",
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(bad),
-        check=False,
-    )
+    result = patch_status(apiserver, namespace, "stripe", {"conditions": [{"type": "Ready", "status": "Yes"}]})
     assert result.returncode != 0
     assert 'Unsupported value: "Yes"' in result.stderr
     assert "lastTransitionTime: Required value" in result.stderr
@@ -304,23 +287,10 @@ def test_rbac_applies_to_service_account_tokens(apiserver: ApiServer, namespace:
     assert "forbidden" in denied.stderr
     assert f"system:serviceaccount:{namespace}:reader" in denied.stderr
 
+    ns = ("-n", namespace)
+    apiserver.kubectl("create", "role", "whp-reader", *ns, "--verb=get,list", "--resource=webhookproviders.hookline.io")
     apiserver.kubectl(
-        "create",
-        "role",
-        "whp-reader",
-        "--verb=get,list,watch",
-        "--resource=webhookproviders.hookline.io",
-        "-n",
-        namespace,
-    )
-    apiserver.kubectl(
-        "create",
-        "rolebinding",
-        "whp-reader",
-        "--role=whp-reader",
-        f"--serviceaccount={namespace}:reader",
-        "-n",
-        namespace,
+        "create", "rolebinding", "whp-reader", *ns, "--role=whp-reader", f"--serviceaccount={namespace}:reader"
     )
     # The RBAC authorizer learns about new bindings through a watch: allow it a moment.
     deadline = time.monotonic() + 10
@@ -328,9 +298,7 @@ def test_rbac_applies_to_service_account_tokens(apiserver: ApiServer, namespace:
         assert time.monotonic() < deadline, allowed.stderr
         time.sleep(0.2)
     # The static admin token works too (for clients that cannot present a client certificate).
-    assert (
-        apiserver.kubectl(
-            "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}", token=apiserver.admin_token
-        ).stdout
-        == "hookline-admin"
+    whoami = apiserver.kubectl(
+        "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}", token=apiserver.admin_token
     )
+    assert whoami.stdout == "hookline-admin"

@@ -89,11 +89,10 @@ class TestEndpoint:
         if answer.delay:
             await asyncio.sleep(answer.delay)
         item.status = answer.status
-        if 200 <= answer.status < 300:
-            # The receiving side's business effect, deduplicated on webhook-id.
-            if item.webhook_id not in self._done:
-                self._done.add(item.webhook_id)
-                self.effects.append(item.webhook_id)
+        # The receiving side's business effect, deduplicated on webhook-id.
+        if 200 <= answer.status < 300 and item.webhook_id not in self._done:
+            self._done.add(item.webhook_id)
+            self.effects.append(item.webhook_id)
         return web.Response(status=answer.status, headers=answer.headers, text="ok" if answer.status < 300 else "no")
 
     def delivered(self) -> list[Received]:

@@ -106,7 +106,7 @@ def parse_retry_after(value: str | None) -> float | None:
 
 
 async def post(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], *,
-               timeout: float, connect_timeout: float | None = None,  # noqa: ASYNC109 - HTTP timeouts
+               timeout: float, connect_timeout: float | None = None,
                max_response_bytes: int = MAX_RESPONSE_BYTES) -> DeliveryResult:
     started = time.perf_counter()
     client_timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout or min(timeout, 5.0))

@@ -10,6 +10,13 @@ from datetime import UTC, datetime
 
 # Attributes every LogRecord has; anything else was passed with ``extra=`` and is logged as a field.
 _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+_PLAIN = (str, int, float, bool, type(None), list, dict)
+
+
+def _fields(record: logging.LogRecord) -> dict[str, object]:
+    """The record's extra fields; libraries' attached objects (kopf's settings, say) are left out."""
+    return {k: v for k, v in vars(record).items()
+            if k not in _STANDARD_ATTRS and not k.startswith(("_", "k8s_")) and isinstance(v, _PLAIN)}
 
 
 class JsonFormatter(logging.Formatter):
@@ -20,9 +27,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key, value in vars(record).items():
-            if key not in _STANDARD_ATTRS and not key.startswith("_"):
-                entry[key] = value
+        entry.update(_fields(record))
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
@@ -34,7 +39,7 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
-        fields = {k: v for k, v in vars(record).items() if k not in _STANDARD_ATTRS and not k.startswith("_")}
+        fields = _fields(record)
         if fields:
             line += " " + " ".join(f"{k}={v}" for k, v in fields.items())
         return line

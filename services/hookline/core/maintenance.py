@@ -23,14 +23,11 @@ async def sweep_once(pool: asyncpg.Pool | asyncpg.Connection, policies: dict[str
                      queue: Queue = INBOX, partition: str | None = None) -> SweepResult:
     """Return expired leases to pending (or dead when attempts are used up); the attempt counts.
 
-    With ``partition`` only that partition's policy is passed and others keep defaults;
-    the sweep itself covers every expired lease of the queue (it is cheap: a partial index).
+    ``partition`` limits the sweep to one provider (the operator runs one timer per provider).
     """
-    if partition is not None:
-        policies = {k: v for k, v in policies.items() if k == partition}
     total = SweepResult({}, {})
     while True:
-        result = await queue.sweep_expired(pool, policies)
+        result = await queue.sweep_expired(pool, policies, partition=partition)
         for name, n in result.requeued.items():
             metrics.leases_swept.labels(queue.table, name, "requeued").inc(n)
             total.requeued[name] = total.requeued.get(name, 0) + n

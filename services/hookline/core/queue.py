@@ -126,13 +126,14 @@ class Queue:
         return {r["id"] for r in rows}
 
     async def sweep_expired(self, conn: asyncpg.Connection | asyncpg.Pool, policies: dict[str, RetryPolicy],
-                            default: RetryPolicy = RetryPolicy(), limit: int = 1000) -> SweepResult:
+                            default: RetryPolicy = RetryPolicy(), limit: int = 1000,
+                            partition: str | None = None) -> SweepResult:
         names = list(policies)
         rows = await conn.fetch(
             self._sql["sweep_expired"], names,
             [policies[n].max_attempts for n in names], [policies[n].initial_delay for n in names],
             [policies[n].max_delay for n in names],
-            default.max_attempts, default.initial_delay, default.max_delay, limit,
+            default.max_attempts, default.initial_delay, default.max_delay, limit, partition,
         )
         requeued: dict[str, int] = {}
         dead: dict[str, int] = {}

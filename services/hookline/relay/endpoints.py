@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -110,3 +110,15 @@ async def enable(conn: asyncpg.Connection, name: str) -> int | None:
     """Re-enable an endpoint; return how many parked deliveries were requeued (None: no such endpoint)."""
     row = await conn.fetchrow(outbox.query("enable_endpoint"), name)
     return int(row["unparked"]) if row and row["found"] else None
+
+
+async def rotate_secret(conn: asyncpg.Connection, name: str, overlap: timedelta, secret: str | None = None
+                        ) -> str | None:
+    """Start signing with a new secret (returned; None: no such endpoint); the old ones keep
+    signing for ``overlap``, so each delivery carries both signatures meanwhile."""
+    if secret is not None:
+        validate(name, "https://placeholder.invalid/", (), secret)
+    secret = secret or get_scheme("standard-webhooks").generate_secret()
+    until = datetime.now(UTC) + overlap
+    found = await conn.fetchval(outbox.query("rotate_endpoint_secret"), name, secret, until)
+    return secret if found else None

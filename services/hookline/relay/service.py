@@ -39,6 +39,7 @@ from hookline import outbox
 from hookline.core import delivery, http, metrics
 from hookline.core.delivery import DeliveryResult
 from hookline.core.maintenance import sweep_once
+from hookline.core.providers import active_secrets
 from hookline.core.queue import OUTBOX, truncate_error
 from hookline.core.signatures import sign_standard_webhooks
 from hookline.relay import endpoints as endpoints_mod
@@ -195,8 +196,9 @@ class Relay:
         self._stopping = True
         self._slot_free.set()
         self._wake.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._tasks[0]
+        if self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._tasks[0]
         tasks = [t for t, _ in self._in_flight.values()]
         if tasks:
             await asyncio.wait(tasks, timeout=self.grace_period)
@@ -265,8 +267,12 @@ class Relay:
             await asyncio.sleep(1)
 
     async def _claim_loop(self) -> None:
+        # Refill in batches: claiming the moment a single slot frees would turn every
+        # delivery into its own claim statement, and the claim round trips, not the
+        # HTTP calls, would set the pace.
+        refill = max(1, min(self.concurrency // 4, 16))
         while not self._stopping:
-            while len(self._in_flight) >= self.concurrency and not self._stopping:
+            while self.concurrency - len(self._in_flight) < refill and not self._stopping:
                 self._slot_free.clear()
                 await self._slot_free.wait()
             if self._stopping:
@@ -307,14 +313,23 @@ class Relay:
             rows = await OUTBOX.claim(self.pool, endpoint.name, limit, self.worker_id, self.lease_seconds,
                                       ordered=endpoint.ordered)
             if rows:
-                events = {r["id"]: r for r in await self.pool.fetch(outbox.query("claimed_events"),
-                                                                   [r["outbox_id"] for r in rows])}
-                for row in rows:
-                    event = events[row["outbox_id"]]
-                    self._start(Claimed(row["id"], row["attempts"], endpoint, event["event_id"],
-                                        envelope(event["event_type"], event["created_at"], event["payload"])))
+                await self._start_batch(endpoint, rows)
             claimed += len(rows)
         return claimed
+
+    async def _start_batch(self, endpoint: Endpoint, rows: list[asyncpg.Record]) -> None:
+        events = {r["id"]: r for r in await self.pool.fetch(
+            outbox.query("claimed_events"), [r["outbox_id"] for r in rows], endpoint.name)}
+        if not events:
+            return  # the endpoint was deleted just now, and its deliveries with it
+        secrets = tuple(active_secrets(next(iter(events.values()))["secrets"]))
+        if secrets != endpoint.secrets:  # rotated since the cache was loaded
+            endpoint = dataclasses.replace(endpoint, secrets=secrets)
+            self._endpoints[endpoint.name] = endpoint
+        for row in rows:
+            event = events[row["outbox_id"]]
+            self._start(Claimed(row["id"], row["attempts"], endpoint, event["event_id"],
+                                envelope(event["event_type"], event["created_at"], event["payload"])))
 
     def _start(self, claimed: Claimed) -> None:
         task = asyncio.create_task(self._deliver(claimed))
@@ -322,8 +337,11 @@ class Relay:
         task.add_done_callback(functools.partial(self._finished, claimed.id))
 
     def _finished(self, id: int, task: asyncio.Task[None]) -> None:
-        self._in_flight.pop(id, None)
+        _, name = self._in_flight.pop(id)
         self._slot_free.set()
+        endpoint = self._endpoints.get(name)
+        if endpoint is not None and endpoint.ordered:
+            self._wake.set()  # a finished delivery may be what its aggregate's next event waits for
         if not task.cancelled() and (exc := task.exception()) is not None:
             # Bookkeeping failed (Postgres away): the lease runs out and the sweeper retries it.
             log.warning("delivery bookkeeping failed; the lease will expire and it is retried",

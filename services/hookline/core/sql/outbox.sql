@@ -5,7 +5,8 @@
 -- name: insert_endpoint
 INSERT INTO hookline.endpoints (name, url, event_types, ordered, secrets, max_attempts, initial_delay_seconds,
                                 max_delay_seconds, timeout_seconds)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+-- secrets arrive as JSON text and are cast here, with or without a jsonb codec on the connection.
+VALUES ($1, $2, $3, $4, $5::text::jsonb, $6, $7, $8, $9)
 ON CONFLICT (name) DO NOTHING
 RETURNING name;
 
@@ -62,8 +63,12 @@ WHERE d.id = $1 AND d.attempts = $2 AND d.locked_by = $3 AND d.status = 'pending
 RETURNING d.id;
 
 -- name: claimed_events
--- The events behind a batch of claimed deliveries (claim returns delivery rows).
-SELECT id, event_id, event_type, payload, created_at FROM hookline.outbox WHERE id = ANY($1::bigint[]);
+-- The events behind a batch of claimed deliveries (claim returns delivery rows),
+-- with the endpoint's secrets as of now: a rotation committed before the claim
+-- signs every delivery of that claim, however stale the relay's endpoint cache.
+SELECT o.id, o.event_id, o.event_type, o.payload, o.created_at, e.secrets
+FROM hookline.outbox AS o, hookline.endpoints AS e
+WHERE o.id = ANY($1::bigint[]) AND e.name = $2;
 
 -- name: record_responses
 -- The last answer of each delivery (called in the transaction that completes or retries it).
@@ -128,3 +133,16 @@ WITH old AS (
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM hookline.outbox AS o USING old WHERE o.id = old.id;
+
+-- name: rotate_endpoint_secret
+-- The new secret ($2) signs from now on; the secrets valid so far keep signing
+-- until $3 (the overlap), so receivers can switch at their own pace. Secrets that
+-- have already expired are dropped.
+UPDATE hookline.endpoints AS e
+SET secrets = jsonb_build_array(jsonb_build_object('value', $2::text, 'notAfter', NULL)) || coalesce((
+        SELECT jsonb_agg(jsonb_build_object('value', s->>'value', 'notAfter',
+                         coalesce(least((s->>'notAfter')::timestamptz, $3::timestamptz), $3::timestamptz)))
+        FROM jsonb_array_elements(e.secrets) AS s
+        WHERE s->>'notAfter' IS NULL OR (s->>'notAfter')::timestamptz > now()), '[]'::jsonb)
+WHERE name = $1
+RETURNING name;

@@ -111,7 +111,7 @@ RETURNING t.id;
 -- partition's maxAttempts is used up — with the attempt counted, and the same
 -- backoff as a failed attempt. Policies come in as arrays (partition,
 -- max_attempts, initial_delay, max_delay); unknown partitions get the defaults
--- $5..$7. Locked rows are skipped: a worker still holding its row lock is still
+-- $5..$7; $9 limits the sweep to one partition. Locked rows are skipped: a worker still holding its row lock is still
 -- working on it.
 WITH policy AS (
     SELECT * FROM unnest($1::text[], $2::integer[], $3::float8[], $4::float8[])
@@ -122,6 +122,7 @@ WITH policy AS (
     FROM (
         SELECT id, {partition} AS part, attempts FROM {table}
         WHERE status = 'processing' AND lease_expires_at < now()
+          AND ($9::text IS NULL OR {partition} = $9)
         ORDER BY lease_expires_at
         LIMIT $8
         FOR UPDATE SKIP LOCKED

@@ -10,17 +10,18 @@ CREATE TABLE hookline.providers (
     updated_at  timestamptz NOT NULL DEFAULT now()
 );
 
--- Services cache providers in memory; this tells them to re-read at once. The
--- trigger fires per statement because writes here are rare and tiny.
+-- Services cache providers in memory; this tells them to re-read at once. Per
+-- row, so that an upsert that changes nothing (the operator re-syncs on a timer)
+-- wakes nobody.
 CREATE FUNCTION hookline.providers_changed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('hookline_providers', '');
+    PERFORM pg_notify('hookline_providers', coalesce(NEW.name, OLD.name));
     RETURN NULL;
 END $$;
 
 CREATE TRIGGER providers_changed
-    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON hookline.providers
-    FOR EACH STATEMENT EXECUTE FUNCTION hookline.providers_changed();
+    AFTER INSERT OR UPDATE OR DELETE ON hookline.providers
+    FOR EACH ROW EXECUTE FUNCTION hookline.providers_changed();
 
 CREATE TABLE hookline.inbox (
     id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -1,0 +1,492 @@
+"""make bench-worker: worker drain throughput vs. the pgbench ceiling, PgQueuer and procrastinate.
+
+One embedded Postgres for everything, so the ratios compare like with like:
+
+1. Hookline: N pending inbox rows preloaded with one INSERT ... SELECT, drained by
+   P `hookline worker` processes with a no-op handler — first the one-parameter
+   handler (no transaction, batched completions), then the `(event, conn)` one
+   (a transaction per event).
+2. Ceiling: pgbench running the worker's own `claim` and `complete` statements
+   (read from hookline.core.queue) over a fresh N rows, batch = concurrency.
+3. Peers: PgQueuer and procrastinate (installed from PyPI when missing), each in
+   its own database on the same server, N no-op jobs enqueued in bulk, drained by
+   P processes with the same concurrency.
+4. Latency: signed events through a real `hookline receiver` at a moderate rate;
+   (handler start - HTTP 200 received at the sender), p50 / p99.
+
+A drain is timed from the first poll (every 100 ms) that sees the backlog
+shrink until it reaches zero, so interpreter start-up and imports — which
+differ between the three libraries and say nothing about queue throughput —
+are left out; the wall time including start-up is printed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+from benchmarks import peers
+from benchmarks.common import BenchDatabase, free_port, percentile, start_service
+from hookline.core.embedded import binary
+from hookline.core.queue import INBOX
+from hookline.core.signatures import sign_standard_webhooks
+
+REPO = Path(__file__).resolve().parent.parent
+SECRET = "whsec_" + base64.b64encode(b"benchmark-secret-benchmark-secret").decode()
+BODY = json.dumps({"type": "invoice.paid", "data": {"id": "in_1", "amount": 4200, "currency": "eur",
+                                                    "customer": "cus_123456789"}}).encode()
+PROVIDERS = f"""
+kind: WebhookProvider
+metadata: {{name: noop}}
+spec:
+  signature: {{scheme: none}}
+  handler: "benchmarks.handlers:noop"
+---
+kind: WebhookProvider
+metadata: {{name: noop-tx}}
+spec:
+  signature: {{scheme: none}}
+  handler: "benchmarks.handlers:noop_tx"
+---
+kind: WebhookProvider
+metadata: {{name: ceiling}}
+spec:
+  signature: {{scheme: none}}
+  handler: "benchmarks.handlers:noop"
+---
+kind: WebhookProvider
+metadata: {{name: latency}}
+spec:
+  signature: {{scheme: standard-webhooks, secrets: ["{SECRET}"]}}
+  handler: "benchmarks.handlers:record_start"
+---
+kind: WebhookProvider
+metadata: {{name: latency-tx}}
+spec:
+  signature: {{scheme: standard-webhooks, secrets: ["{SECRET}"]}}
+  handler: "benchmarks.handlers:record_start_tx"
+"""
+DRAIN_TIMEOUT = 900.0
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr; the results block at the end goes to stdout."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Drain:
+    jobs: int
+    seconds: float  # first visible progress -> backlog zero
+    wall: float  # process spawn -> backlog zero
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds
+
+
+async def preload(conn: asyncpg.Connection, provider: str, count: int) -> None:
+    """Pending inbox rows exactly as the receiver would store them, in one statement."""
+    await conn.execute(
+        """INSERT INTO hookline.inbox (provider, event_id, event_type, body, content_type)
+           SELECT $1, 'evt_' || g, 'invoice.paid', $2::bytea, 'application/json'
+           FROM generate_series(1, $3::int) AS g""",
+        provider, BODY, count,
+    )
+    # Every stage starts from a vacuumed, analysed table, so one stage's dead tuples
+    # do not slow the next and the planner sees the new rows.
+    await conn.execute("VACUUM ANALYZE hookline.inbox")
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def drain(conn: asyncpg.Connection, remaining_sql: str, args: tuple[object, ...],
+                spawn: Callable[[], list[subprocess.Popen[bytes]]], logs: list[Path]) -> Drain:
+    """Start the worker processes and poll the backlog every 100 ms until it is empty."""
+    total = int(await conn.fetchval(remaining_sql, *args))
+    spawned = time.monotonic()
+    procs = spawn()
+    try:
+        previous = spawned
+        started: float | None = None
+        while True:
+            await asyncio.sleep(0.1)
+            remaining = int(await conn.fetchval(remaining_sql, *args))
+            now = time.monotonic()
+            if started is None and remaining < total:
+                # The first rows finished somewhere since the previous poll: counting from
+                # that poll errs on the slow side by at most one interval.
+                started = previous
+            if remaining == 0:
+                assert started is not None
+                return Drain(total, now - started, now - spawned)
+            if now - spawned > DRAIN_TIMEOUT:
+                raise RuntimeError(f"drain timed out with {remaining} of {total} left")
+            dead = [p for p in procs if p.poll() is not None]
+            if dead:
+                tail = "".join(p.read_text()[-2000:] for p in logs if p.exists())
+                raise RuntimeError(f"a worker process exited (code {dead[0].returncode}):\n{tail}")
+            previous = now
+    finally:
+        stop_all(procs)
+
+
+# --- Hookline ----------------------------------------------------------------------------------------
+
+HOOKLINE_REMAINING = ("SELECT count(*) FROM hookline.inbox "
+                      "WHERE provider = $1 AND status IN ('pending', 'processing')")
+
+
+def hookline_workers(url: str, provider: str, args: argparse.Namespace, log_file: Path
+                     ) -> list[subprocess.Popen[bytes]]:
+    extra = shlex.split(args.worker_args)
+    return [start_service(["worker", "--provider", provider, "--concurrency", str(args.concurrency),
+                           "--port", str(free_port()), *extra], url, None, log_file)
+            for _ in range(args.processes)]
+
+
+async def run_hookline(conn: asyncpg.Connection, url: str, provider: str, args: argparse.Namespace,
+                       work: Path) -> Drain:
+    await preload(conn, provider, args.events)
+    log_file = work / f"worker-{provider}.log"
+    result = await drain(conn, HOOKLINE_REMAINING, (provider,),
+                         lambda: hookline_workers(url, provider, args, log_file), [log_file])
+    not_done = await conn.fetchval("SELECT count(*) FROM hookline.inbox WHERE provider = $1 AND status <> 'done'",
+                                   provider)
+    if not_done:
+        raise RuntimeError(f"{not_done} {provider} events ended not done (see {log_file})")
+    return result
+
+
+# --- Ceiling -----------------------------------------------------------------------------------------
+
+def ceiling_script(provider: str, batch: int) -> str:
+    """The worker's exact claim and complete statements as a two-statement pgbench transaction.
+
+    pgbench cannot pass rows between statements, so the claim's RETURNING feeds an
+    aggregate whose two arrays \\gset stores; the complete statement then takes them
+    as its unnest() arrays, just as BatchCompleter passes them. Each statement
+    commits on its own, as in the worker.
+    """
+
+    def bind(sql: str, values: dict[str, str]) -> str:
+        body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+        return re.sub(r"\$(\d+)", lambda m: values[m.group(1)], body).strip().rstrip(";")
+
+    worker = "'pgbench-ceiling'"
+    claim = bind(INBOX.sql("claim"), {"1": f"'{provider}'", "2": str(batch), "3": worker, "4": "60"})
+    complete = bind(INBOX.sql("complete"), {"1": ":ids", "2": ":atts", "3": worker})
+    return (f"WITH claimed AS (\n{claim}\n)\n"
+            "SELECT coalesce(array_agg(id), '{}') AS ids, coalesce(array_agg(attempts), '{}') AS atts "
+            "FROM claimed \\gset\n"
+            f"{complete};\n")
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    rate: float
+    tps: float
+    transactions: int
+    done: int
+
+
+async def run_ceiling(conn: asyncpg.Connection, url: str, args: argparse.Namespace) -> Ceiling:
+    provider = "ceiling"
+    await preload(conn, provider, args.events)
+    clients = args.ceiling_clients or args.processes
+    # Enough transactions per client to drain every row; the few that find nothing at
+    # the end only add time, so the rate errs low.
+    per_client = math.ceil(args.events / (clients * args.concurrency)) + 1
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(ceiling_script(provider, args.concurrency))
+    os.chmod(f.name, 0o644)
+    try:
+        out = await asyncio.to_thread(
+            subprocess.run,
+            [str(binary("pgbench")), "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
+             "-t", str(per_client), "-f", f.name, url],
+            capture_output=True, text=True,
+        )
+    finally:
+        os.unlink(f.name)
+    if out.returncode != 0:
+        raise RuntimeError(f"pgbench failed:\n{out.stdout}\n{out.stderr}")
+    tps = re.search(r"tps = ([\d.]+)", out.stdout)
+    count = re.search(r"number of transactions actually processed: (\d+)", out.stdout)
+    if not tps or not count:
+        raise RuntimeError(f"unexpected pgbench output:\n{out.stdout}")
+    done = int(await conn.fetchval(
+        "SELECT count(*) FROM hookline.inbox WHERE provider = $1 AND status = 'done'", provider))
+    transactions = int(count.group(1))
+    seconds = transactions / float(tps.group(1))  # pgbench's own clock, connection set-up excluded
+    return Ceiling(done / seconds, float(tps.group(1)), transactions, done)
+
+
+# --- Peers -------------------------------------------------------------------------------------------
+
+async def run_peer(peer: peers.Peer, database: BenchDatabase, args: argparse.Namespace, work: Path
+                   ) -> Drain | str:
+    """The peer's drain, or why it could not be measured."""
+    error = await asyncio.to_thread(peers.ensure_installed, peer.package)
+    if error:
+        return error
+    admin = await asyncpg.connect(database.server.url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{peer.database}"')
+    finally:
+        await admin.close()
+    url = database.server.url_for(peer.database)
+    try:
+        await peer.setup(url, args.events)
+    except Exception as exc:  # a peer's API change must not sink the rest of the run
+        return f"setup failed: {type(exc).__name__}: {exc}"
+    log_file = work / f"peer-{peer.package}.log"
+
+    def spawn() -> list[subprocess.Popen[bytes]]:
+        out = open(log_file, "ab")  # noqa: SIM115 - handed to the child processes
+        return [subprocess.Popen([sys.executable, "-m", "benchmarks.peers", peer.package, url,
+                                  "--concurrency", str(args.concurrency)], cwd=REPO, stdout=out, stderr=out)
+                for _ in range(args.processes)]
+
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("VACUUM ANALYZE")
+        return await drain(conn, peer.remaining_sql, (), spawn, [log_file])
+    except RuntimeError as exc:
+        return str(exc)
+    finally:
+        await conn.close()
+
+
+# --- Latency -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Latency:
+    sent: int
+    non_200: int
+    handled: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+def signed_request(port: int, provider: str, event_id: str) -> bytes:
+    body = json.dumps({"id": event_id, "type": "invoice.paid", "data": {"id": "in_1", "amount": 4200}}).encode()
+    headers = sign_standard_webhooks([SECRET], event_id, int(time.time()), body)
+    head = (f"POST /webhooks/{provider} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n")
+    return head.encode() + body
+
+
+async def send_paced(port: int, provider: str, rate: float, seconds: float, connections: int = 16
+                     ) -> tuple[dict[str, float], int]:
+    """Open-loop load: request i leaves at t0 + i/rate whatever the earlier ones are doing.
+
+    Returns the wall-clock time each 200 arrived, by event id, and the non-200 count.
+    """
+    count = int(rate * seconds)
+    ids = [f"lat_{uuid.uuid4().hex}" for _ in range(count)]
+    prepared = [(event_id, signed_request(port, provider, event_id)) for event_id in ids]
+    idle: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+    for _ in range(connections):
+        idle.put_nowait(await asyncio.open_connection("127.0.0.1", port))
+    arrived: dict[str, float] = {}
+    failures = 0
+
+    async def send(event_id: str, request: bytes) -> None:
+        nonlocal failures
+        reader, writer = await idle.get()
+        try:
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            if head.startswith(b"HTTP/1.1 200"):
+                arrived[event_id] = time.time()
+            else:
+                failures += 1
+        finally:
+            idle.put_nowait((reader, writer))
+
+    tasks = []
+    start = time.monotonic()
+    for i, (event_id, request) in enumerate(prepared):
+        delay = start + i / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(send(event_id, request)))
+    await asyncio.gather(*tasks)
+    while not idle.empty():
+        idle.get_nowait()[1].close()
+    return arrived, failures
+
+
+async def started_times(conn: asyncpg.Connection, directory: Path) -> dict[str, float]:
+    """Handler start times recorded so far by both probes (files and the table)."""
+    found = {r["event_id"]: r["started_at"] for r in await conn.fetch("SELECT * FROM public.bench_latency")}
+    for path in directory.glob("*.txt"):
+        for line in path.read_text().splitlines():
+            event_id, _, started = line.partition(" ")
+            if started:
+                found[event_id] = float(started)
+    return found
+
+
+async def run_latency(conn: asyncpg.Connection, url: str, provider: str, args: argparse.Namespace,
+                      work: Path) -> Latency:
+    directory = work / f"latency-{provider}"
+    directory.mkdir()
+    os.environ["HOOKLINE_BENCH_LATENCY_DIR"] = str(directory)  # inherited by the worker processes
+    await conn.execute("CREATE TABLE IF NOT EXISTS public.bench_latency "
+                       "(event_id text PRIMARY KEY, started_at double precision NOT NULL)")
+    log_file = work / f"{provider}.log"
+    port = free_port()
+    procs = [start_service(["receiver", "--host", "127.0.0.1", "--port", str(port)], url, port, log_file)]
+    try:
+        for _ in range(args.processes):
+            worker_port = free_port()
+            procs.append(start_service(["worker", "--provider", provider, "--concurrency", str(args.concurrency),
+                                        "--port", str(worker_port), *shlex.split(args.worker_args)],
+                                       url, worker_port, log_file))
+        await send_paced(port, provider, args.latency_rate, 1.0)  # warm-up: connections, prepared statements
+        arrived, failures = await send_paced(port, provider, args.latency_rate, args.latency_seconds)
+        deadline = time.monotonic() + 30
+        while True:
+            started = await started_times(conn, directory)
+            if all(e in started for e in arrived) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+    finally:
+        stop_all(procs)
+    # Both clocks are this machine's time.time(), so the difference is meaningful. A
+    # handler may start a hair before the sender has read the whole 200 (the event
+    # is committed before the response is written): those count as 0, not negative.
+    delays = [max(0.0, started[e] - at) * 1000 for e, at in arrived.items() if e in started]
+    return Latency(int(args.latency_rate * args.latency_seconds), failures, len(delays),
+                   percentile(delays, 50), percentile(delays, 99), max(delays, default=float("nan")))
+
+
+# --- Main --------------------------------------------------------------------------------------------
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "n/a"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=100_000, help="rows/jobs preloaded per drain (default 100000)")
+    parser.add_argument("--quick", action="store_true", help="20,000 events and a 5 s latency run")
+    parser.add_argument("--processes", type=int, default=2, help="worker processes per drain (default 2)")
+    parser.add_argument("--concurrency", type=int, default=32, help="events in flight per process (default 32)")
+    parser.add_argument("--ceiling-clients", type=int, default=0,
+                        help="pgbench clients (default: --processes, one claim stream per worker process)")
+    parser.add_argument("--worker-args", default="", help="extra flags for `hookline worker`")
+    parser.add_argument("--no-peers", action="store_true", help="skip PgQueuer and procrastinate")
+    parser.add_argument("--latency-rate", type=float, default=200.0, help="events/s for the latency run")
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    if args.quick:
+        args.events = min(args.events, 20_000)
+        args.latency_seconds = min(args.latency_seconds, 5.0)
+    # The worker processes import benchmarks.handlers; they run from the repo root.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    os.chdir(REPO)
+
+    database = BenchDatabase()
+    url = await database.start()
+    work = Path(database.tmp.name)
+    lines: list[str] = []
+    try:
+        from hookline.commands import apply_providers
+        from hookline.core import db
+
+        conn = await db.connect(url)
+        await apply_providers(conn, PROVIDERS)
+        shape = f"{args.processes} processes x concurrency {args.concurrency}"
+
+        log(f"hookline no-op drain of {args.events:,} events ({shape})")
+        plain = await run_hookline(conn, url, "noop", args, work)
+        log(f"  {plain.rate:,.0f} events/s")
+        log("hookline transactional no-op drain")
+        tx = await run_hookline(conn, url, "noop-tx", args, work)
+        log(f"  {tx.rate:,.0f} events/s")
+        log("pgbench ceiling")
+        ceiling = await run_ceiling(conn, url, args)
+        log(f"  {ceiling.rate:,.0f} events/s")
+        peer_results: list[tuple[peers.Peer, Drain | str]] = []
+        if not args.no_peers:
+            for peer in peers.PEERS:
+                log(f"{peer.name} drain")
+                result = await run_peer(peer, database, args, work)
+                log(f"  {result.rate:,.0f} jobs/s" if isinstance(result, Drain) else f"  {result}")
+                peer_results.append((peer, result))
+        latencies: dict[str, Latency] = {}
+        for provider in ("latency", "latency-tx"):
+            log(f"{provider}: {args.latency_rate:g} events/s for {args.latency_seconds:g} s through the receiver")
+            latencies[provider] = await run_latency(conn, url, provider, args, work)
+            log(f"  p50 {latencies[provider].p50_ms:.1f} ms")
+        await conn.close()
+
+        lines.append(f"hookline worker, no-op handler (event):         {plain.rate:>9,.0f} events/s  "
+                     f"({plain.jobs:,} events in {plain.seconds:.2f} s, {plain.wall:.2f} s incl. start-up; {shape})")
+        lines.append(f"hookline worker, no-op handler (event, conn):   {tx.rate:>9,.0f} events/s  "
+                     f"({tx.jobs:,} events in {tx.seconds:.2f} s, {tx.wall:.2f} s incl. start-up)")
+        clients = args.ceiling_clients or args.processes
+        lines.append(f"ceiling, pgbench claim+complete (same SQL):     {ceiling.rate:>9,.0f} events/s  "
+                     f"({ceiling.tps:,.0f} tps x batch {args.concurrency}, {clients} clients, "
+                     f"{ceiling.done:,} rows done in {ceiling.transactions:,} transactions)")
+        lines.append(f"  ratio hookline/ceiling: {plain.rate / ceiling.rate:.2f} (target >= 0.70); "
+                     f"transactional handler {tx.rate / ceiling.rate:.2f}")
+        for peer, result in peer_results:
+            label = f"{peer.name} {peers.version(peer.package) if isinstance(result, Drain) else ''}".strip()
+            if isinstance(result, Drain):
+                lines.append(f"{label + ', no-op job:':<48}{result.rate:>9,.0f} jobs/s    "
+                             f"({result.jobs:,} jobs in {result.seconds:.2f} s, {result.wall:.2f} s incl. start-up)")
+                target = ">= 1.2" if peer.package == "pgqueuer" else "> 1.0"
+                lines.append(f"  ratio hookline/{peer.name}: {ratio(plain.rate, result.rate)} (target {target}x); "
+                             f"transactional handler {ratio(tx.rate, result.rate)}")
+            else:
+                lines.append(f"{peer.name}: not measured: {result}")
+        lines.append(f"latency, receiver 200 -> handler start, {args.latency_rate:g} events/s for "
+                     f"{args.latency_seconds:g} s (target p50 <= 20 ms):")
+        for provider, label in (("latency", "handler (event)"), ("latency-tx", "handler (event, conn)")):
+            lat = latencies[provider]
+            lines.append(f"  {label + ':':<24}p50 {lat.p50_ms:6.1f} ms, p99 {lat.p99_ms:6.1f} ms, "
+                         f"max {lat.max_ms:6.1f} ms ({lat.handled}/{lat.sent} handled, {lat.non_200} non-200)")
+    finally:
+        database.stop()
+    print()
+    print("$ " + " ".join([Path(sys.executable).name, "-m", "benchmarks.worker", *sys.argv[1:]]))
+    for line in lines:
+        print(line)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

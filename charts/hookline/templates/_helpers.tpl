@@ -1,0 +1,197 @@
+{{/* Names: 63 characters at most (DNS label), no trailing dash. */}}
+{{- define "hookline.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "hookline.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* <fullname>-<component>, e.g. hookline-receiver. Call with (dict "ctx" $ "component" "receiver"). */}}
+{{- define "hookline.componentName" -}}
+{{- printf "%s-%s" (include "hookline.fullname" .ctx | trunc 50 | trimSuffix "-") .component }}
+{{- end }}
+
+{{- define "hookline.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Standard labels on every object. */}}
+{{- define "hookline.labels" -}}
+helm.sh/chart: {{ include "hookline.chart" . }}
+{{ include "hookline.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: hookline
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "hookline.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "hookline.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of one component: (dict "ctx" $ "component" "receiver"). */}}
+{{- define "hookline.componentLabels" -}}
+{{ include "hookline.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Selector labels of one component; immutable once a Deployment exists, so no version in here. */}}
+{{- define "hookline.componentSelectorLabels" -}}
+{{ include "hookline.selectorLabels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* repository:tag or repository@digest. */}}
+{{- define "hookline.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding HOOKLINE_DATABASE_URL: the user's, or the dev Postgres one. */}}
+{{- define "hookline.databaseSecretName" -}}
+{{- if .Values.database.existingSecret }}
+{{- .Values.database.existingSecret }}
+{{- else if .Values.devPostgres.enabled }}
+{{- include "hookline.componentName" (dict "ctx" . "component" "dev-database") }}
+{{- else }}
+{{- fail "database.existingSecret is required: create a Secret holding the postgresql:// URL (key database.secretKey, default \"url\") and set database.existingSecret to its name" }}
+{{- end }}
+{{- end }}
+
+{{/* Environment shared by every Hookline container. */}}
+{{- define "hookline.commonEnv" -}}
+- name: HOOKLINE_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "hookline.databaseSecretName" . }}
+      key: {{ .Values.database.secretKey }}
+- name: HOOKLINE_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
+- name: HOOKLINE_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+{{- if .Values.devSourceSync.enabled }}
+- name: PYTHONPATH
+  value: /opt/hookline-dev/src
+{{- end }}
+{{- end }}
+
+{{/* Scrape annotations for a pod serving /metrics on `port`: (dict "ctx" $ "port" 8080). */}}
+{{- define "hookline.scrapeAnnotations" -}}
+{{- if .ctx.Values.metrics.scrapeAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .port | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- end }}
+
+{{/* Writable scratch space: the root filesystem is read-only. */}}
+{{- define "hookline.volumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+{{- if .Values.devSourceSync.enabled }}
+- name: dev-src
+  mountPath: /opt/hookline-dev/src
+{{- end }}
+{{- end }}
+
+{{- define "hookline.volumes" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- if .Values.devSourceSync.enabled }}
+- name: dev-src
+  emptyDir:
+    sizeLimit: 64Mi
+{{- end }}
+{{- end }}
+
+{{/* Dev source sync: seed the emptyDir with the installed packages so that synced files overlay a
+complete copy (a partial package on PYTHONPATH would shadow the installed one). */}}
+{{- define "hookline.devSourceInit" -}}
+{{- if .Values.devSourceSync.enabled }}
+initContainers:
+  - name: seed-dev-src
+    image: {{ include "hookline.image" . }}
+    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    command:
+      - sh
+      - -c
+      - cp -r "$(python -c 'import hookline, os; print(os.path.dirname(os.path.dirname(hookline.__file__)))')"/hookline* /opt/hookline-dev/src/
+    resources:
+      requests: {cpu: 10m, memory: 32Mi}
+      limits: {cpu: 500m, memory: 128Mi}
+    securityContext:
+      {{- toYaml .Values.containerSecurityContext | nindent 6 }}
+    volumeMounts:
+      {{- include "hookline.volumeMounts" . | nindent 6 }}
+{{- end }}
+{{- end }}
+
+{{- define "hookline.podSecurity" -}}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Namespaces the operator watches (and gets a Role in). */}}
+{{- define "hookline.operatorNamespaces" -}}
+{{- if .Values.operator.watchNamespaces }}
+{{- join "," (uniq .Values.operator.watchNamespaces) }}
+{{- else }}
+{{- .Release.Namespace }}
+{{- end }}
+{{- end }}
+
+{{- /* Exactly what the operator does, nothing more (kopf runs standalone: no peering objects). */}}
+{{- define "hookline.operatorRules" -}}
+# Its own resource: watch it, patch finalizers/annotations (kopf's handler state) and the status.
+- apiGroups: [hookline.io]
+  resources: [webhookproviders]
+  verbs: [get, list, watch, patch, update]
+- apiGroups: [hookline.io]
+  resources: [webhookproviders/status]
+  verbs: [get, patch, update]
+# Owner references with blockOwnerDeletion need this where OwnerReferencesPermissionEnforcement is on.
+- apiGroups: [hookline.io]
+  resources: [webhookproviders/finalizers]
+  verbs: [update]
+# The provider's signing Secret: read the one spec.signature.secretRef names, create it when absent,
+# rotate it. No list/watch: the operator never enumerates Secrets.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create, update, patch]
+# The per-provider worker Deployments it creates, updates and deletes...
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, update, patch, delete]
+# ...and scales through the scale subresource (a separate resource for RBAC).
+- apiGroups: [apps]
+  resources: [deployments/scale]
+  verbs: [get, patch, update]
+# Kubernetes Events for every action (kopf posts core/v1 events; newer clients use events.k8s.io).
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}

@@ -1,0 +1,40 @@
+"""``hookline operator``: run kopf with Hookline's handlers."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NS",
+                   help="watch this namespace (repeatable; like kopf run)")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
+                   help="liveness endpoint URL, as kopf run (default http://0.0.0.0:8080/healthz)")
+    p.add_argument("--interval", type=float, default=10.0,
+                   help="seconds between status refreshes, scaling decisions and lease sweeps (default 10)")
+    p.add_argument("--peering", action="store_true",
+                   help="use kopf peering (needs KopfPeering RBAC); the default is standalone: run one replica")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.namespaces and not args.all_namespaces:
+        raise SystemExit("hookline operator: say which namespaces to watch: --namespace NS (repeatable) "
+                         "or --all-namespaces")
+    # Handlers read their timer interval when they are registered (imported).
+    os.environ["HOOKLINE_OPERATOR_INTERVAL"] = str(args.interval)
+    import kopf
+
+    from hookline.core.config import database_url
+    from hookline_operator import handlers  # noqa: F401  (registers the handlers)
+
+    database_url()  # fail fast with a clear message when it is not set
+    asyncio.run(kopf.operator(
+        standalone=not args.peering,
+        clusterwide=args.all_namespaces,
+        namespaces=args.namespaces or (),
+        liveness_endpoint=args.liveness or None,
+    ))
+    return 0

@@ -1,0 +1,79 @@
+"""Act as a ServiceAccount of the chart: a token from the TokenRequest API and a kubeconfig for it.
+
+For the operator's end-to-end tests, run the operator as the chart's operator ServiceAccount instead
+of as the admin, so that any permission the chart's Role lacks shows up as a Forbidden error:
+
+    kubeconfig = service_account_kubeconfig(apiserver, namespace, "hookline-operator", tmp_path)
+    env = {"KUBECONFIG": str(kubeconfig)}
+
+The RBAC objects must be installed first, e.g. with install_operator_rbac().
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from apiserver import ApiServer
+from chartkit import MINIMAL, Rendered, render
+
+
+def request_token(api: ApiServer, namespace: str, service_account: str, *, seconds: int = 3600) -> str:
+    """A bound token for the ServiceAccount, from the TokenRequest API (what the kubelet mounts)."""
+    # `kubectl create token` is a thin client for POST .../serviceaccounts/<name>/token.
+    result = api.kubectl("create", "token", service_account, "-n", namespace, f"--duration={seconds}s")
+    return result.stdout.strip()
+
+
+def service_account_kubeconfig(
+    api: ApiServer, namespace: str, service_account: str, directory: Path, *, seconds: int = 3600
+) -> Path:
+    """Write a kubeconfig that authenticates as system:serviceaccount:<namespace>:<service_account>.
+
+    Its context's namespace is `namespace`, like the in-cluster configuration of a pod.
+    """
+    token = request_token(api, namespace, service_account, seconds=seconds)
+    user = f"system:serviceaccount:{namespace}:{service_account}"
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "envtest", "cluster": {"server": api.url, "certificate-authority": str(api.ca_file)}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "envtest", "user": user, "namespace": namespace}}],
+        "current-context": "sa",
+    }
+    path = directory / f"kubeconfig-{namespace}-{service_account}.json"
+    path.write_text(json.dumps(config, indent=2))
+    path.chmod(0o600)
+    return path
+
+
+def install_operator_rbac(api: ApiServer, namespace: str, *, release: str = "hookline") -> Rendered:
+    """Install the chart's operator ServiceAccount, Roles and bindings (and the CRD) for a release in
+    `namespace`, exactly as rendered by Helm with default values; returns the whole rendering."""
+    rendered = render(MINIMAL, release=release, namespace=namespace)
+    wanted = {"CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+    objects = [o for _, o in rendered.objects if o["kind"] in wanted]
+    api.kubectl(
+        "apply",
+        "--server-side",
+        "--field-manager=helm",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}),
+    )
+    api.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/webhookproviders.hookline.io")
+    return rendered
+
+
+def create_namespace(api: ApiServer, prefix: str = "c") -> str:
+    """A fresh namespace plus its `default` ServiceAccount.
+
+    kube-controller-manager (absent here) creates `default` in every namespace; without it the
+    ServiceAccount admission plugin rejects any Pod that names no ServiceAccount (the helm test Pod).
+    """
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    api.kubectl("create", "namespace", name)
+    api.kubectl("create", "serviceaccount", "default", "-n", name)
+    return name

@@ -1,0 +1,349 @@
+"""The rendered chart against a real kube-apiserver: every object accepted, least privilege proven
+with `kubectl auth can-i`, and the real operator run with its ServiceAccount's token."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from apiserver import ApiServer
+from chartkit import EXAMPLES, Obj, Rendered, render_default, render_dev, render_production
+from operator_access import create_namespace, install_operator_rbac, request_token, service_account_kubeconfig
+
+from hookline.core.embedded import free_port
+from support.inbox import insert_events
+from support.processes import ServiceProcess
+
+pytestmark = [pytest.mark.k8s, pytest.mark.asyncio(loop_scope="session")]
+
+OPERATOR_SA = "hookline-operator"
+
+
+def apply(api: ApiServer, objects: list[Obj]) -> None:
+    """Server-side apply, as Helm 4 does: the API server validates and defaults every field."""
+    api.kubectl(
+        "apply",
+        "--server-side",
+        "--field-manager=helm",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}),
+    )
+
+
+def install(api: ApiServer, rendered: Rendered) -> None:
+    objects = [o for _, o in rendered.objects]
+    # The CRD first and Established, as Helm orders it; then everything else in one request.
+    crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
+    if crds:
+        apply(api, crds)
+        api.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/webhookproviders.hookline.io")
+    apply(api, [o for o in objects if o["kind"] != "CustomResourceDefinition"])
+
+
+def resource_of(obj: Obj) -> str:
+    group = obj["apiVersion"].rpartition("/")[0]
+    return f"{obj['kind'].lower()}.{group}" if group else obj["kind"].lower()
+
+
+def assert_all_present(api: ApiServer, rendered: Rendered) -> None:
+    for _, obj in rendered.objects:
+        args = ["get", f"{resource_of(obj)}/{obj['metadata']['name']}", "-o", "json"]
+        if "namespace" in obj["metadata"]:
+            args += ["-n", obj["metadata"]["namespace"]]
+        live = json.loads(api.kubectl(*args).stdout)
+        assert live["metadata"]["labels"]["app.kubernetes.io/instance"] == obj["metadata"]["labels"][
+            "app.kubernetes.io/instance"
+        ]
+
+
+@pytest.fixture(scope="module")
+def release(chart_apiserver: ApiServer) -> tuple[str, Rendered]:
+    """The default chart installed into a fresh namespace: (namespace, what was rendered)."""
+    namespace = create_namespace(chart_apiserver, "release")
+    rendered = render_default(namespace=namespace)
+    install(chart_apiserver, rendered)
+    return namespace, rendered
+
+
+def test_default_chart_is_accepted(chart_apiserver: ApiServer, release: tuple[str, Rendered]) -> None:
+    _, rendered = release
+    kinds = {o["kind"] for _, o in rendered.objects}
+    # Hooks (the migrate Job, the helm test Pod) are real objects too and were applied with the rest.
+    assert {"CustomResourceDefinition", "Deployment", "Service", "Job", "Pod", "Role", "ClusterRole"} <= kinds
+    assert_all_present(chart_apiserver, rendered)
+
+
+def test_dev_chart_is_accepted(chart_apiserver: ApiServer) -> None:
+    namespace = create_namespace(chart_apiserver, "dev")
+    rendered = render_dev(namespace=namespace)
+    install(chart_apiserver, rendered)
+    assert_all_present(chart_apiserver, rendered)
+
+
+def test_production_chart_is_accepted(chart_apiserver: ApiServer) -> None:
+    # examples/values-production.yaml watches `hookline` and `payments`; the release goes to hookline.
+    for namespace in ("hookline", "payments"):
+        if chart_apiserver.kubectl("get", "namespace", namespace, check=False).returncode != 0:
+            chart_apiserver.kubectl("create", "namespace", namespace)
+    rendered = render_production(namespace="hookline")
+    # No Prometheus Operator here: its ServiceMonitor kind does not exist (checked offline instead).
+    rendered = Rendered([(t, o) for t, o in rendered.objects if o["kind"] != "ServiceMonitor"], rendered.notes)
+    install(chart_apiserver, rendered)
+    assert_all_present(chart_apiserver, rendered)
+
+
+@pytest.mark.parametrize(
+    "example", sorted(p for p in EXAMPLES.glob("*.yaml") if p.name != "values-production.yaml"), ids=lambda p: p.name
+)
+def test_example_providers_are_accepted(chart_apiserver: ApiServer, release: tuple[str, Rendered], example: Path) -> None:
+    namespace, _ = release
+    # Server-side dry run: the CRD's schema, defaults and CEL rules, exactly as on `kubectl apply`.
+    chart_apiserver.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(example))
+
+
+# -- least privilege, asked of the real authorizer ----------------------------------------------
+
+
+def can_i(api: ApiServer, who: str, verb: str, resource: str, namespace: str, *extra: str) -> bool:
+    result = api.kubectl("auth", "can-i", verb, resource, f"--as={who}", "-n", namespace, *extra, check=False)
+    answer = result.stdout.strip()
+    assert answer in ("yes", "no"), result.stderr
+    return answer == "yes"
+
+
+OPERATOR_NEEDS = [
+    ("get", "webhookproviders.hookline.io"),
+    ("list", "webhookproviders.hookline.io"),
+    ("watch", "webhookproviders.hookline.io"),
+    ("patch", "webhookproviders.hookline.io"),
+    ("update", "webhookproviders.hookline.io"),
+    ("patch", "webhookproviders.hookline.io", "--subresource=status"),
+    ("get", "secrets"),
+    ("create", "secrets"),
+    ("patch", "secrets"),
+    ("update", "secrets"),
+    ("get", "deployments.apps"),
+    ("list", "deployments.apps"),
+    ("watch", "deployments.apps"),
+    ("create", "deployments.apps"),
+    ("patch", "deployments.apps"),
+    ("delete", "deployments.apps"),
+    ("patch", "deployments.apps", "--subresource=scale"),
+    ("create", "events"),
+    ("create", "events.events.k8s.io"),
+    ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
+]
+
+OPERATOR_MUST_NOT = [
+    ("list", "secrets"),  # enumerating Secrets would expose every credential in the namespace
+    ("watch", "secrets"),
+    ("delete", "secrets"),
+    ("create", "webhookproviders.hookline.io"),
+    ("delete", "webhookproviders.hookline.io"),
+    ("get", "pods"),
+    ("create", "pods"),
+    ("create", "pods/exec"),
+    ("get", "configmaps"),
+    ("create", "serviceaccounts/token"),
+    ("create", "roles.rbac.authorization.k8s.io"),
+    ("create", "rolebindings.rbac.authorization.k8s.io"),
+    ("bind", "clusterroles.rbac.authorization.k8s.io"),
+    ("escalate", "roles.rbac.authorization.k8s.io"),
+    ("impersonate", "users"),
+    ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("update", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("get", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("list", "namespaces"),
+    ("create", "daemonsets.apps"),
+    ("create", "jobs.batch"),
+    ("*", "*"),
+]
+
+
+def test_operator_can_do_its_job_in_its_namespace(chart_apiserver: ApiServer, release: tuple[str, Rendered]) -> None:
+    namespace, _ = release
+    who = f"system:serviceaccount:{namespace}:{OPERATOR_SA}"
+    denied = [n for n in OPERATOR_NEEDS if not can_i(chart_apiserver, who, n[0], n[1], namespace, *n[2:])]
+    assert not denied, f"the operator lacks {denied}"
+
+
+def test_operator_cannot_do_anything_else(chart_apiserver: ApiServer, release: tuple[str, Rendered]) -> None:
+    namespace, _ = release
+    who = f"system:serviceaccount:{namespace}:{OPERATOR_SA}"
+    allowed = [n for n in OPERATOR_MUST_NOT if can_i(chart_apiserver, who, n[0], n[1], namespace, *n[2:])]
+    assert not allowed, f"the operator may {allowed}"
+
+
+def test_operator_has_nothing_outside_its_namespaces(chart_apiserver: ApiServer, release: tuple[str, Rendered]) -> None:
+    namespace, _ = release
+    other = create_namespace(chart_apiserver, "other")
+    chart_apiserver.kubectl("create", "secret", "generic", "not-yours", "-n", other, "--from-literal=k=v")
+    who = f"system:serviceaccount:{namespace}:{OPERATOR_SA}"
+    for verb, resource in [
+        ("get", "secrets"),
+        ("create", "secrets"),
+        ("get", "webhookproviders.hookline.io"),
+        ("list", "webhookproviders.hookline.io"),
+        ("create", "deployments.apps"),
+        ("patch", "deployments.apps"),
+        ("create", "events"),
+    ]:
+        assert not can_i(chart_apiserver, who, verb, resource, other), f"{verb} {resource} in {other}"
+    assert not can_i(chart_apiserver, who, "get", "secrets", other, "--all-namespaces")
+    # And with its real token, not impersonation: the API server answers 403.
+    token = request_token(chart_apiserver, namespace, OPERATOR_SA)
+    result = chart_apiserver.kubectl("get", "secret", "not-yours", "-n", other, token=token, check=False)
+    assert result.returncode != 0 and "Forbidden" in result.stderr, result
+
+
+@pytest.mark.parametrize("component", ["receiver", "relay"])
+def test_receiver_and_relay_have_no_api_access(
+    chart_apiserver: ApiServer, release: tuple[str, Rendered], component: str
+) -> None:
+    namespace, _ = release
+    name = f"hookline-{component}"
+    account = json.loads(chart_apiserver.kubectl("get", "serviceaccount", name, "-n", namespace, "-o", "json").stdout)
+    assert account["automountServiceAccountToken"] is False
+    pod_spec = json.loads(
+        chart_apiserver.kubectl("get", "deployment", name, "-n", namespace, "-o", "json").stdout
+    )["spec"]["template"]["spec"]
+    assert pod_spec["automountServiceAccountToken"] is False
+    who = f"system:serviceaccount:{namespace}:{name}"
+    for verb, resource in [
+        ("get", "secrets"),
+        ("list", "pods"),
+        ("get", "configmaps"),
+        ("get", "webhookproviders.hookline.io"),
+        ("list", "deployments.apps"),
+        ("create", "events"),
+        ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+    ]:
+        assert not can_i(chart_apiserver, who, verb, resource, namespace), f"{name} may {verb} {resource}"
+    # No binding anywhere in the cluster names it.
+    for kind in ("rolebindings", "clusterrolebindings"):
+        bindings = json.loads(chart_apiserver.kubectl("get", kind, "-A", "-o", "json").stdout)["items"]
+        for binding in bindings:
+            for subject in binding.get("subjects") or []:
+                assert (subject.get("name"), subject.get("namespace")) != (name, namespace), binding["metadata"]
+
+
+def test_watch_namespaces_grant_exactly_those(chart_apiserver: ApiServer) -> None:
+    namespace = "hookline"  # installed by the production test or created here
+    for ns in ("hookline", "payments"):
+        if chart_apiserver.kubectl("get", "namespace", ns, check=False).returncode != 0:
+            chart_apiserver.kubectl("create", "namespace", ns)
+    rendered = render_production(namespace=namespace)
+    apply(chart_apiserver, [o for _, o in rendered.objects if o["kind"] in ("ServiceAccount", "Role", "RoleBinding")])
+    who = f"system:serviceaccount:{namespace}:{OPERATOR_SA}"
+    for ns in ("hookline", "payments"):
+        assert can_i(chart_apiserver, who, "create", "secrets", ns)
+        assert can_i(chart_apiserver, who, "watch", "webhookproviders.hookline.io", ns)
+    assert not can_i(chart_apiserver, who, "get", "secrets", "default")
+
+
+# -- the real operator, as its ServiceAccount ---------------------------------------------------
+
+
+def kget(api: ApiServer, namespace: str, *what: str) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(api.kubectl("get", "-n", namespace, *what, "-o", "json").stdout)
+    return result
+
+
+def eventually(check: Callable[[], Any], what: str, timeout: float = 45.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except Exception as exc:  # not there yet
+            last = exc
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}: last {last!r}")
+
+
+def ready(obj: dict[str, Any]) -> bool:
+    conditions = obj.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+PROVIDER = """
+apiVersion: hookline.io/v1alpha1
+kind: WebhookProvider
+metadata: {name: acme}
+spec:
+  signature: {scheme: standard-webhooks, secretRef: {name: acme-webhook, key: secret}}
+  handler: "support.handlers:record_effect"
+  leaseSeconds: 5
+  workers: {minReplicas: 0, maxReplicas: 3, targetBacklogPerReplica: 100, scaleDownStabilizationSeconds: 3}
+"""
+
+
+async def test_operator_runs_with_the_chart_service_account(
+    chart_apiserver: ApiServer, database_url: str, pool: asyncpg.Pool, log_dir: Path, tmp_path: Path
+) -> None:
+    """Provider created -> secret generated -> synced -> scaled -> replayed -> rotated, all by the
+    operator authenticated with a TokenRequest token of the chart's ServiceAccount: any missing
+    permission would surface as a Forbidden error in its log or a step that never happens."""
+    api = chart_apiserver
+    namespace = create_namespace(api, "op")
+    install_operator_rbac(api, namespace)
+    kubeconfig = service_account_kubeconfig(api, namespace, OPERATOR_SA, tmp_path)
+    port = free_port()
+    operator = ServiceProcess(
+        ["operator", "--namespace", namespace, "--liveness", f"http://127.0.0.1:{port}/healthz", "--interval", "1"],
+        database_url,
+        log_dir,
+        port=port,
+        env={"KUBECONFIG": str(kubeconfig), "HOOKLINE_WORKER_IMAGE": "hookline:test"},
+    )
+    operator.start("/healthz", timeout=60)
+    try:
+        api.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER)
+        whp = eventually(lambda: (o := kget(api, namespace, "whp", "acme")) and ready(o) and o, "Ready")
+        secret = kget(api, namespace, "secret", "acme-webhook")
+        assert secret["metadata"]["ownerReferences"][0]["uid"] == whp["metadata"]["uid"]
+        assert base64.b64decode(secret["data"]["secret"]).startswith(b"whsec_")
+        deployment = kget(api, namespace, "deployment", "acme-worker")
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "hookline:test"
+
+        await insert_events(pool, "acme", 150)  # backlog 150 / 100 per replica -> 2 workers
+        eventually(lambda: kget(api, namespace, "deployment", "acme-worker")["spec"]["replicas"] == 2, "scaled to 2")
+
+        await pool.execute("UPDATE hookline.inbox SET status = 'dead', attempts = 3 WHERE provider = 'acme'")
+        api.kubectl("annotate", "whp", "acme", "-n", namespace, "hookline.io/replay-dlq=r1", "--overwrite")
+        replay = eventually(
+            lambda: (s := kget(api, namespace, "whp", "acme")["status"].get("replay")) and s["lastHandledToken"] == "r1" and s,
+            "replay handled",
+        )
+        assert replay["requeued"] == 150
+
+        api.kubectl("annotate", "whp", "acme", "-n", namespace, "hookline.io/rotate-secret=k1", "--overwrite")
+        eventually(
+            lambda: (kget(api, namespace, "whp", "acme")["status"].get("rotation") or {}).get("lastHandledToken") == "k1",
+            "rotation handled",
+        )
+        # Its Events were written too (core/v1 or events.k8s.io, both granted).
+        reasons = {e["reason"] for e in kget(api, namespace, "events")["items"]}
+        assert reasons, "the operator posted no Events"
+
+        api.kubectl("delete", "whp", "acme", "-n", namespace, "--wait=false")
+        eventually(lambda: api.kubectl("get", "whp", "acme", "-n", namespace, check=False).returncode != 0, "deleted")
+        await asyncio.sleep(1)
+    finally:
+        operator.stop()
+    logs = operator.logs()
+    # kopf and the kubernetes client report a denied call as Forbidden / code 403.
+    denied = re.search(r"forbidden|code\W{0,4}403|status\W{0,4}403|\(403\)", logs, re.IGNORECASE)
+    assert not denied, f"the operator hit a permission error:\n{logs[-5000:]}"

@@ -1,0 +1,313 @@
+"""The operator end to end: a real kube-apiserver, a real Postgres, real processes, the real kubectl."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+from apiserver import ApiServer
+
+from hookline.core import migrations
+from hookline.core.embedded import EmbeddedPostgres, free_port
+from support import senders
+from support.inbox import insert_events
+from support.processes import ServiceProcess, receiver
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+def start_operator(apiserver: ApiServer, namespace: str, database_url: str, log_dir: Path) -> ServiceProcess:
+    port = free_port()
+    return ServiceProcess(
+        ["operator", "--namespace", namespace, "--liveness", f"http://127.0.0.1:{port}/healthz", "--interval", "1"],
+        database_url, log_dir, port=port,
+        env={"KUBECONFIG": str(apiserver.kubeconfig), "HOOKLINE_WORKER_IMAGE": "hookline:test"},
+    ).start("/healthz", timeout=60)
+
+
+@pytest.fixture
+def operator(apiserver: ApiServer, namespace: str, database_url: str, log_dir: Path) -> Iterator[ServiceProcess]:
+    proc = start_operator(apiserver, namespace, database_url, log_dir)
+    yield proc
+    proc.stop()
+
+
+def get(apiserver: ApiServer, namespace: str, *what: str) -> dict[str, Any]:
+    return json.loads(apiserver.kubectl("get", "-n", namespace, *what, "-o", "json").stdout)
+
+
+def apply(apiserver: ApiServer, namespace: str, manifest: str) -> None:
+    apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+
+
+def eventually(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except Exception as exc:  # not there yet
+            last = exc
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what or check}: last {last!r}")
+
+
+def condition(obj: dict[str, Any], type: str) -> dict[str, Any]:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type), {})
+
+
+def events(apiserver: ApiServer, namespace: str) -> list[str]:
+    items = get(apiserver, namespace, "events")["items"]
+    return [f"{e['reason']}: {e.get('message', '')}" for e in items]
+
+
+PROVIDER = """
+apiVersion: hookline.io/v1alpha1
+kind: WebhookProvider
+metadata: {{name: {name}}}
+spec:
+  signature: {{scheme: standard-webhooks, rotationOverlapSeconds: {overlap}}}
+  handler: "support.handlers:record_effect"
+  leaseSeconds: 5
+  retry: {{maxAttempts: 3, initialDelaySeconds: 1, maxDelaySeconds: 2}}
+  workers: {{minReplicas: 0, maxReplicas: 5, targetBacklogPerReplica: 100, scaleDownStabilizationSeconds: 3}}
+"""
+
+
+def provider_yaml(name: str, overlap: int = 3) -> str:
+    return PROVIDER.format(name=name, overlap=overlap)
+
+
+async def post_signed(url: str, provider: str, secret: str) -> int:
+    event_id = f"msg_{uuid.uuid4().hex}"
+    body = json.dumps({"type": "t", "id": event_id}).encode()
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{url}/webhooks/{provider}", data=body,
+            headers=senders.standard_webhooks(body, event_id, secret=secret)) as r:
+        return r.status
+
+
+def secret_value(apiserver: ApiServer, namespace: str, name: str) -> str:
+    data = get(apiserver, namespace, "secret", name)["data"]
+    return base64.b64decode(data["secret"]).decode()
+
+
+async def test_provider_gets_a_secret_a_row_workers_and_status(apiserver, namespace, database_url, operator,
+                                                               log_dir, pool) -> None:
+    apply(apiserver, namespace, provider_yaml("shop"))
+    whp = eventually(lambda: (o := get(apiserver, namespace, "whp", "shop"))
+                     and condition(o, "Ready").get("status") == "True" and o, what="Ready")
+    assert condition(whp, "SecretReady")["reason"] == "SecretCreated"
+    assert condition(whp, "Synced")["status"] == "True"
+    assert condition(whp, "Ready")["observedGeneration"] == whp["metadata"]["generation"]
+    assert "hookline.io/finalizer" in whp["metadata"]["finalizers"]
+
+    secret = get(apiserver, namespace, "secret", "shop-webhook-secret")
+    owner = secret["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("WebhookProvider", "shop", whp["metadata"]["uid"])
+    value = secret_value(apiserver, namespace, "shop-webhook-secret")
+    assert value.startswith("whsec_")
+    # Secrets never reach status or events.
+    assert value not in json.dumps(whp)
+    seen = eventually(lambda: events(apiserver, namespace), what="events")
+    assert any(e.startswith("SecretCreated") for e in seen)
+    assert all(value not in e for e in seen)
+
+    row = await pool.fetchrow("SELECT spec, secrets FROM hookline.providers WHERE name = 'shop'")
+    assert row["spec"]["handler"] == "support.handlers:record_effect"
+    assert [s["value"] for s in row["secrets"]] == [value]
+
+    recv = receiver(database_url, log_dir)
+    try:
+        assert await post_signed(recv.url, "shop", value) == 200
+        assert await post_signed(recv.url, "shop", "whsec_" + base64.b64encode(b"x" * 32).decode()) == 401
+    finally:
+        recv.stop()
+
+    # One pending event (nothing runs the worker pods here): the operator scales 0 -> 1.
+    deployment = eventually(lambda: (d := get(apiserver, namespace, "deployment", "shop-worker"))
+                            and d["spec"]["replicas"] == 1 and d, what="one replica for a backlog of one")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:3] == ["worker", "--provider", "shop"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 5
+    assert deployment["metadata"]["ownerReferences"][0]["name"] == "shop"
+
+    table = eventually(lambda: (out := apiserver.kubectl("get", "whp", "-n", namespace).stdout)
+                       and out.splitlines()[1].split()[:6] == ["shop", "standard-webhooks", "True", "1", "0", "1"]
+                       and out, what="printer columns with real values")
+    assert table.splitlines()[0].split() == ["NAME", "SCHEME", "READY", "BACKLOG", "DEAD", "REPLICAS", "AGE"]
+
+    apiserver.kubectl("delete", "whp", "shop", "-n", namespace, "--wait=true", "--timeout=30s")
+    assert await pool.fetchval("SELECT count(*) FROM hookline.providers WHERE name = 'shop'") == 0
+    assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE provider = 'shop'") == 1  # events stay
+
+
+async def test_workers_follow_the_backlog_up_and_down_and_pause(apiserver, namespace, database_url, operator,
+                                                                pool) -> None:
+    apply(apiserver, namespace, provider_yaml("scale"))
+    eventually(lambda: get(apiserver, namespace, "deployment", "scale-worker"), what="deployment")
+    replicas = lambda: get(apiserver, namespace, "deployment", "scale-worker")["spec"]["replicas"]  # noqa: E731
+    await insert_events(pool, "scale", 250)
+    eventually(lambda: replicas() == 3, what="scale up to 3")
+    await pool.execute("UPDATE hookline.inbox SET status = 'done'")
+    eventually(lambda: replicas() == 0, timeout=20, what="scale down to 0 after the window")
+    seen = events(apiserver, namespace)
+    assert any(e.startswith("Scaled: scaled scale-worker from ") and " to 0 " in e for e in seen), seen
+
+    apiserver.kubectl("annotate", "whp", "scale", "-n", namespace, "hookline.io/paused=true", "--overwrite")
+    eventually(lambda: condition(get(apiserver, namespace, "whp", "scale"), "Scaling").get("reason") == "Paused",
+               what="Paused")
+    await insert_events(pool, "scale", 450)
+    await asyncio.sleep(3)
+    assert replicas() == 0
+    apiserver.kubectl("annotate", "whp", "scale", "-n", namespace, "hookline.io/paused-")
+    eventually(lambda: replicas() == 5, what="scale up to max after unpausing")
+
+
+async def test_replicas_stay_when_postgres_is_unreachable(apiserver, namespace, tmp_path, log_dir) -> None:
+    server = EmbeddedPostgres(tmp_path / "pg")
+    url = server.start()
+    conn = await asyncpg.connect(url)
+    await migrations.migrate(conn)
+    await conn.close()
+    proc = start_operator(apiserver, namespace, url, log_dir)
+    try:
+        apply(apiserver, namespace, provider_yaml("steady"))
+        conn = await asyncpg.connect(url)
+        await insert_events(conn, "steady", 150)
+        await conn.close()
+        eventually(lambda: get(apiserver, namespace, "deployment", "steady-worker")["spec"]["replicas"] == 2,
+                   what="scaled to 2")
+        await asyncio.to_thread(server.stop, "immediate")
+        eventually(lambda: condition(get(apiserver, namespace, "whp", "steady"), "Scaling").get("reason")
+                   == "DatabaseUnavailable", what="DatabaseUnavailable")
+        await asyncio.sleep(4)  # longer than the stabilization window
+        assert get(apiserver, namespace, "deployment", "steady-worker")["spec"]["replicas"] == 2
+    finally:
+        proc.stop()
+        server.stop("immediate")
+
+
+async def test_expired_leases_are_requeued_with_the_attempt_counted(apiserver, namespace, operator, pool) -> None:
+    apply(apiserver, namespace, provider_yaml("leases"))
+    eventually(lambda: get(apiserver, namespace, "deployment", "leases-worker"), what="deployment")
+    await insert_events(pool, "leases", 2)
+    await pool.execute("UPDATE hookline.inbox SET status = 'processing', attempts = 1, locked_by = 'gone', "
+                       "lease_expires_at = now() - interval '1 second'")
+    deadline = time.monotonic() + 20
+    while await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'pending'") != 2:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.25)
+    row = await pool.fetchrow("SELECT attempts, last_error FROM hookline.inbox LIMIT 1")
+    assert row["attempts"] == 1 and "lease expired" in row["last_error"]
+    eventually(lambda: any(e.startswith("LeasesRequeued: returned 2") for e in events(apiserver, namespace)),
+               what="LeasesRequeued event")
+
+
+async def _dead(pool: asyncpg.Pool, provider: str, n: int) -> None:
+    await insert_events(pool, provider, n)
+    await pool.execute("UPDATE hookline.inbox SET status = 'dead', attempts = 3 WHERE status = 'pending'")
+
+
+async def _wait_pending(pool: asyncpg.Pool, n: int) -> None:
+    deadline = time.monotonic() + 20
+    while await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'pending'") != n:
+        assert time.monotonic() < deadline, await pool.fetch("SELECT status, count(*) FROM hookline.inbox GROUP BY 1")
+        await asyncio.sleep(0.25)
+
+
+async def test_replay_once_per_token_also_across_restarts(apiserver, namespace, database_url, pool,
+                                                          log_dir) -> None:
+    op = start_operator(apiserver, namespace, database_url, log_dir)
+    try:
+        apply(apiserver, namespace, provider_yaml("replay"))
+        eventually(lambda: condition(get(apiserver, namespace, "whp", "replay"), "Ready").get("status") == "True")
+        await _dead(pool, "replay", 4)
+        apiserver.kubectl("annotate", "whp", "replay", "-n", namespace, "hookline.io/replay-dlq=t1", "--overwrite")
+        await _wait_pending(pool, 4)
+        status = eventually(lambda: get(apiserver, namespace, "whp", "replay")["status"].get("replay"))
+        assert (status["lastHandledToken"], status["requeued"]) == ("t1", 4)
+        assert any("DeadLettersReplayed: requeued 4" in e for e in events(apiserver, namespace))
+        # Same token again: nothing happens.
+        await pool.execute("UPDATE hookline.inbox SET status = 'dead'")
+        apiserver.kubectl("annotate", "whp", "replay", "-n", namespace, "hookline.io/replay-dlq=t1", "--overwrite")
+        await asyncio.sleep(2.5)
+        assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'dead'") == 4
+    finally:
+        op.stop()
+    # A token set while the operator is down is handled when it starts; t1 never again.
+    apiserver.kubectl("annotate", "whp", "replay", "-n", namespace, "hookline.io/replay-dlq=t2", "--overwrite")
+    op = start_operator(apiserver, namespace, database_url, log_dir)
+    try:
+        await _wait_pending(pool, 4)
+        status = eventually(lambda: (s := get(apiserver, namespace, "whp", "replay")["status"]["replay"])
+                            and s["lastHandledToken"] == "t2" and s)
+        assert status["requeued"] == 4
+    finally:
+        op.stop()
+    # Restart with t2 still on the resource and the status wiped: the token table says it was handled.
+    await pool.execute("UPDATE hookline.inbox SET status = 'dead'")
+    op = start_operator(apiserver, namespace, database_url, log_dir)
+    try:
+        await asyncio.sleep(3)
+        assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'dead'") == 4
+    finally:
+        op.stop()
+
+
+async def test_rotation_keeps_the_old_secret_valid_for_the_overlap(apiserver, namespace, database_url, operator,
+                                                                    log_dir) -> None:
+    apply(apiserver, namespace, provider_yaml("rot", overlap=4))
+    eventually(lambda: condition(get(apiserver, namespace, "whp", "rot"), "Ready").get("status") == "True")
+    old = secret_value(apiserver, namespace, "rot-webhook-secret")
+    recv = receiver(database_url, log_dir)
+    try:
+        apiserver.kubectl("annotate", "whp", "rot", "-n", namespace, "hookline.io/rotate-secret=r1", "--overwrite")
+        new = eventually(lambda: (v := secret_value(apiserver, namespace, "rot-webhook-secret")) != old and v)
+        eventually(lambda: get(apiserver, namespace, "whp", "rot")["status"].get("rotation", {})
+                   .get("lastHandledToken") == "r1", what="rotation status")
+        deadline = time.monotonic() + 5
+        while await post_signed(recv.url, "rot", new) != 200:
+            assert time.monotonic() < deadline, "new secret not accepted"
+            await asyncio.sleep(0.2)
+        assert await post_signed(recv.url, "rot", old) == 200  # both valid during the overlap
+        deadline = time.monotonic() + 15
+        while await post_signed(recv.url, "rot", old) != 401:
+            assert time.monotonic() < deadline, "old secret still accepted after the overlap"
+            await asyncio.sleep(0.3)
+        assert await post_signed(recv.url, "rot", new) == 200
+    finally:
+        recv.stop()
+    seen = events(apiserver, namespace)
+    assert any(e.startswith("SecretRotated") for e in seen)
+    assert all(old not in e and new not in e for e in seen)
+
+
+async def test_a_spec_the_api_server_accepts_but_hookline_cannot_use_is_reported(apiserver, namespace, operator
+                                                                                ) -> None:
+    apiserver.kubectl("create", "secret", "generic", "bad-secret", "-n", namespace,
+                      "--from-literal=secret=whsec_not-base64!!")
+    apply(apiserver, namespace, """
+apiVersion: hookline.io/v1alpha1
+kind: WebhookProvider
+metadata: {name: broken}
+spec:
+  signature: {scheme: standard-webhooks, secretRef: {name: bad-secret, key: secret}}
+  handler: "support.handlers:record_effect"
+""")
+    whp = eventually(lambda: (o := get(apiserver, namespace, "whp", "broken"))
+                     and condition(o, "Synced").get("reason") == "InvalidSpec" and o)
+    assert condition(whp, "Ready")["status"] == "False"
+    assert "not-base64" not in json.dumps(whp)
