@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
+from pathlib import Path
 
 from aiohttp import web
 
@@ -64,6 +66,12 @@ async def produce(url: str, count: int, batch: int, rate: float | None) -> dict[
     return committed
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux), to compare runs on a busy machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=50_000)
@@ -96,6 +104,7 @@ async def main() -> None:
             committed = await produce(url, args.events, args.batch, args.rate)
             produced = time.time()
             await asyncio.wait_for(sink.all_arrived.wait(), timeout=600)
+            relay_cpu = cpu_seconds(proc.pid)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -107,6 +116,8 @@ async def main() -> None:
         print(f"producer: {args.events / (produced - started):,.0f} events/s committed "
               f"({'unthrottled' if not args.rate else f'throttled to {args.rate:,.0f}/s'}, "
               f"{args.batch} per transaction)")
+        print(f"relay process CPU: {relay_cpu:.1f} s = {relay_cpu / args.events * 1e6:,.0f} us per delivery "
+              f"(a ceiling of {args.events / relay_cpu:,.0f} deliveries/s per core when nothing else competes)")
         print(f"commit-to-delivery latency: p50 {percentile(latencies, 50) * 1000:.1f} ms, "
               f"p99 {percentile(latencies, 99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms")
     finally:

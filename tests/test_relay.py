@@ -166,7 +166,9 @@ async def test_410_disables_the_endpoint_and_parks_until_enabled(pool: asyncpg.P
                                                                  start_relay: StartRelay) -> None:
     gone = True
 
-    def behaviour(_n: int, _r: Received) -> Answer:
+    def behaviour(_n: int, r: Received) -> Answer:
+        if gone and r.body["data"]["n"] == 0:
+            return Answer(500, delay=0.5)  # still in flight when the 410 disables the endpoint: parks when it fails
         return Answer(410 if gone else 200)
 
     async with TestEndpoint(new_secret(), behaviour) as ep:

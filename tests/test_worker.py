@@ -356,7 +356,7 @@ async def test_heartbeat_keeps_a_long_handler_its_lease(database_url, effects, l
     apply_provider(database_url, "long", """
 signature: {scheme: none}
 handler: "support.handlers:external_effect"
-leaseSeconds: 1
+leaseSeconds: 2
 """)
     gate = log_dir / "gate"
     gate.write_text("hold")
@@ -365,7 +365,7 @@ leaseSeconds: 1
     w2 = worker(database_url, log_dir, "--sweep")
     try:
         await wait_for(effects, "SELECT count(*) FROM test_calls", 1, timeout=10)
-        await asyncio.sleep(3)  # three lease lengths: without heartbeats the sweeper would take it back
+        await asyncio.sleep(5)  # 2.5 lease lengths: without heartbeats the sweeper would take it back
         row = await effects.fetchrow("SELECT status, attempts FROM hookline.inbox")
         assert (row["status"], row["attempts"]) == ("processing", 1)
         gate.unlink()

@@ -158,7 +158,8 @@ def replay_stage(stage: Stage, root: Path, *, keep_pip_cache: bool = True) -> di
             result = subprocess.run(
                 ["/bin/sh", "-c", command], cwd=workdir, env=env, capture_output=True, text=True, timeout=900
             )
-            assert result.returncode == 0, f"RUN at line {step.line} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            output = f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            assert result.returncode == 0, f"RUN at line {step.line} failed:\n{output}"
         elif step.keyword in ("ARG", "LABEL", "EXPOSE", "USER", "ENTRYPOINT", "CMD"):
             continue
         else:

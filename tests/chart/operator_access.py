@@ -73,7 +73,13 @@ def create_namespace(api: ApiServer, prefix: str = "c") -> str:
     kube-controller-manager (absent here) creates `default` in every namespace; without it the
     ServiceAccount admission plugin rejects any Pod that names no ServiceAccount (the helm test Pod).
     """
-    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    api.kubectl("create", "namespace", name)
-    api.kubectl("create", "serviceaccount", "default", "-n", name)
+    return ensure_namespace(api, f"{prefix}-{uuid.uuid4().hex[:8]}")
+
+
+def ensure_namespace(api: ApiServer, name: str) -> str:
+    """The namespace `name` with its `default` ServiceAccount, created unless they exist."""
+    if api.kubectl("get", "namespace", name, check=False).returncode != 0:
+        api.kubectl("create", "namespace", name)
+    if api.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
+        api.kubectl("create", "serviceaccount", "default", "-n", name)
     return name

@@ -230,11 +230,8 @@ def test_rbac_is_namespaced_by_default() -> None:
     rendered = render_default()
     roles = rendered.find("Role")
     assert [(r["metadata"]["namespace"], r["metadata"]["name"]) for r in roles] == [(NAMESPACE, fullname("operator"))]
-    # Cluster-wide: reading CRDs only, never Secrets or Deployments.
-    cluster_rules = rules_of(rendered, "ClusterRole")
-    assert cluster_rules == [
-        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]}
-    ]
+    # Nothing cluster-scoped at all: kopf runs without CRD/namespace scanning (see operator-rbac.yaml).
+    assert not rendered.find("ClusterRole") and not rendered.find("ClusterRoleBinding")
     for rule in rules_of(rendered, "Role"):
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
         if "secrets" in rule["resources"]:
@@ -259,7 +256,9 @@ def test_rbac_for_all_namespaces_is_a_cluster_role() -> None:
     rendered = render(deep_merge(MINIMAL, {"operator": {"watchAllNamespaces": True}}))
     assert not rendered.find("Role") and not rendered.find("RoleBinding")
     resources = {r for rule in rules_of(rendered, "ClusterRole") for r in rule["resources"]}
-    assert {"webhookproviders", "secrets", "deployments", "namespaces", "customresourcedefinitions"} <= resources
+    assert {"webhookproviders", "webhookproviders/status", "secrets", "deployments", "events"} <= resources
+    # kopf never lists namespaces when it watches the whole cluster.
+    assert "namespaces" not in resources and "customresourcedefinitions" not in resources
 
 
 def test_operator_disabled_renders_no_rbac() -> None:

@@ -393,7 +393,7 @@ class Relay:
                 booked = await OUTBOX.retry(conn, claimed.id, claimed.attempts, self.worker_id, delay, error)
                 if booked:
                     # The endpoint may have been disabled (410) while this was in flight.
-                    await conn.execute(outbox.query("park_delivery"), claimed.id, claimed.attempts, self.worker_id)
+                    await conn.execute(outbox.query("park_delivery"), claimed.id, claimed.attempts)
             if not booked:
                 return  # the lease was lost meanwhile; whoever holds it now books it
             await conn.execute(outbox.query("record_responses"), [claimed.id], [result.status],

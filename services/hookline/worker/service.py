@@ -20,6 +20,7 @@ import uuid
 import asyncpg
 
 from hookline.core import delivery, metrics
+from hookline.core.batching import Batcher
 from hookline.core.providers import Provider, ProviderRegistry
 from hookline.core.queue import INBOX
 from hookline.worker.event import Event
@@ -29,54 +30,27 @@ log = logging.getLogger(__name__)
 
 
 class BatchCompleter:
-    """Collects "done" marks for a few milliseconds and writes them with one UPDATE."""
+    """Marks events done in batches: many handlers finishing at once cost one UPDATE."""
 
     def __init__(self, pool: asyncpg.Pool, worker_id: str, max_batch: int = 500, window: float = 0.005) -> None:
         self._pool = pool
         self._worker_id = worker_id
-        self._max_batch = max_batch
-        self._window = window
-        self._pending: list[tuple[int, int, asyncio.Future[bool]]] = []
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._batcher: Batcher[tuple[int, int], bool] = Batcher(self._write, name="completer",
+                                                                max_batch=max_batch, window=window)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="batch-completer")
-
-    async def complete(self, id: int, attempts: int) -> bool:
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending.append((id, attempts, future))
-        self._wake.set()
-        return await future
-
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            if len(self._pending) < self._max_batch:
-                await asyncio.sleep(self._window)
-            self._wake.clear()
-            await self.flush()
-
-    async def flush(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch:]
-            try:
-                done = await INBOX.complete(self._pool, [(i, a) for i, a, _ in batch], self._worker_id)
-            except Exception as exc:
-                for *_, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for id, _, future in batch:
-                if not future.done():
-                    future.set_result(id in done)
+        self._batcher.start()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self.flush()
+        await self._batcher.stop()
+
+    async def complete(self, id: int, attempts: int) -> bool:
+        """True when the event is now done; False when its lease had been lost."""
+        return await self._batcher.submit((id, attempts))
+
+    async def _write(self, items: list[tuple[int, int]]) -> list[bool]:
+        done = await INBOX.complete(self._pool, items, self._worker_id)
+        return [id in done for id, _ in items]
 
 
 class Worker:

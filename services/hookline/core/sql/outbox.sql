@@ -54,11 +54,12 @@ WHERE d.endpoint = e.name
 RETURNING d.id;
 
 -- name: park_delivery
--- A delivery that finished (failed) after its endpoint was disabled waits with the others.
+-- A delivery that failed after its endpoint was disabled waits with the others.
+-- Runs in the transaction that just put it back to pending (attempts pins that attempt).
 UPDATE hookline.deliveries AS d
-SET status = 'parked', lease_expires_at = NULL, locked_by = NULL
+SET status = 'parked'
 FROM hookline.endpoints AS e
-WHERE d.id = $1 AND d.attempts = $2 AND d.locked_by = $3 AND d.status = 'pending'
+WHERE d.id = $1 AND d.attempts = $2 AND d.status = 'pending'
   AND e.name = d.endpoint AND NOT e.enabled
 RETURNING d.id;
 
