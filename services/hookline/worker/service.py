@@ -162,7 +162,9 @@ class Worker:
     async def _heartbeat_loop(self) -> None:
         """Extend leases of in-flight events well before they run out."""
         while True:
-            leases = [p.lease_seconds for _, p in self._in_flight.values()] or [60]
+            # Paced by the shortest lease this worker may hold, so an event claimed just after
+            # a beat still gets its first extension well before its lease runs out.
+            leases = [p.lease_seconds for p in self.providers()] or [60]
             await asyncio.sleep(max(0.2, min(leases) / 3))
             by_lease: dict[int, list[int]] = {}
             for id, (_, provider) in list(self._in_flight.items()):
