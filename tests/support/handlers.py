@@ -59,3 +59,14 @@ async def external_effect(event: Any) -> None:
     gate = os.environ.get("TEST_GATE")
     while gate and os.path.exists(gate):  # noqa: ASYNC110 - the gate is a file another process removes
         await asyncio.sleep(0.05)
+
+
+async def publish_shipped(event: Any, conn: asyncpg.Connection) -> None:
+    """An inbox handler that notifies a partner in the same transaction: inbox -> outbox."""
+    import hookline.outbox
+
+    order = event.json()
+    await conn.execute("INSERT INTO test_effects (provider, event_id, event_type) VALUES ($1, $2, $3)",
+                       event.provider, event.event_id, event.event_type)
+    await hookline.outbox.publish(conn, "order.shipped", {"order": order["id"], "source_event": event.event_id},
+                                  aggregate_type="order", aggregate_id=order["id"])
