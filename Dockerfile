@@ -7,7 +7,7 @@
 # The chart picks the component with the container's arguments, e.g. `args: [receiver, --port=8080]`.
 #
 # Build:  docker build -t hookline:dev .
-# tests/chart/test_image.py replays this file's build stage (COPY/RUN/ENV/WORKDIR) in a temporary
+# tests/chart/test_dockerfile.py replays this file's build stage (COPY/RUN/ENV/WORKDIR) in a temporary
 # virtualenv and checks its rules, since the development machines have no Docker engine.
 
 # An exact version tag, never a floating one. For reproducible builds, pin the digest too
@@ -28,6 +28,7 @@ WORKDIR /src
 COPY pyproject.toml ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
     && pip install --only-binary=:all: -r requirements.txt
+COPY README.md ./
 COPY services ./services
 COPY operator ./operator
 # A regular (not editable) install: the final stage copies only the virtualenv, not /src.

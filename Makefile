@@ -10,7 +10,7 @@ ARGS   ?=
 .PHONY: run test lint typecheck pytest bench-receiver bench-worker bench-relay envtest clean help
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -42,6 +42,9 @@ envtest:  ## build etcd, kube-apiserver and kubectl once per machine (cached in 
 
 bench-receiver: $(STAMP)  ## receiver throughput vs the pgbench ceiling
 	$(BIN)/python -m benchmarks.receiver $(ARGS)
+
+bench-worker: $(STAMP)  ## worker drain vs the pgbench ceiling, PgQueuer and procrastinate; e2e latency
+	$(BIN)/python -m benchmarks.worker $(ARGS)
 
 bench-relay: $(STAMP)  ## outbox relay: 50,000 events to a local endpoint at concurrency 64
 	$(BIN)/python -m benchmarks.relay $(ARGS)

@@ -58,6 +58,9 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="hookline.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="hookline.io", key="last-handled-configuration")
+    # No cluster-wide scanning of namespaces and CRDs: the namespaces are given on the
+    # command line, so the operator needs no cluster-scoped RBAC at all.
+    settings.scanning.disabled = True
     # A watch that goes silent (a half-dead connection) is dropped and re-established.
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150

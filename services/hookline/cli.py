@@ -162,12 +162,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run(coro_fn: Callable[..., Coroutine[Any, Any, int | None]], *args: Any) -> int:
     try:
-        return asyncio.run(coro_fn(*args)) or 0
+        return _event_loop_runner()(coro_fn(*args)) or 0
     except ConfigError as exc:
         print(f"hookline: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _event_loop_runner() -> Callable[[Coroutine[Any, Any, int | None]], int | None]:
+    """uvloop where it is installed (it roughly halves the per-request cost of the HTTP
+    services), the standard loop otherwise."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -84,7 +84,7 @@ def test_default_chart_is_accepted(chart_apiserver: ApiServer, release: tuple[st
     _, rendered = release
     kinds = {o["kind"] for _, o in rendered.objects}
     # Hooks (the migrate Job, the helm test Pod) are real objects too and were applied with the rest.
-    assert {"CustomResourceDefinition", "Deployment", "Service", "Job", "Pod", "Role", "ClusterRole"} <= kinds
+    assert {"CustomResourceDefinition", "Deployment", "Service", "Job", "Pod", "Role", "RoleBinding"} <= kinds
     assert_all_present(chart_apiserver, rendered)
 
 

@@ -179,7 +179,7 @@ def test_service_probes_use_the_contract_endpoints(component: str, port: int) ->
 def test_relay_private_networks_flag() -> None:
     def flag(rendered: Rendered) -> str:
         env = rendered.one("Deployment", fullname("relay"))["spec"]["template"]["spec"]["containers"][0]["env"]
-        return next(e["value"] for e in env if e["name"] == "HOOKLINE_ALLOW_PRIVATE_NETWORKS")
+        return str(next(e["value"] for e in env if e["name"] == "HOOKLINE_ALLOW_PRIVATE_NETWORKS"))
 
     assert flag(render_default()) == "false"
     assert flag(render_dev()) == "true"
@@ -439,3 +439,22 @@ def test_skaffold_wires_image_chart_sync_and_kind() -> None:
     assert "kind" in {p["name"] for p in config["profiles"]}
     # The port-forward names the receiver Service the dev release really creates.
     assert config["portForward"][0]["resourceName"] == dev.one("Service", fullname("receiver"))["metadata"]["name"]
+
+
+def test_notes_signing_recipe_matches_standard_webhooks() -> None:
+    """The shell lines NOTES.txt gives for signing produce what a Standard Webhooks library signs."""
+    import subprocess
+    from datetime import UTC, datetime
+
+    from standardwebhooks import Webhook
+
+    lines = render_default().notes.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("ID="))
+    end = next(i for i, line in enumerate(lines) if line.strip().startswith("curl"))
+    secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    script = "\n".join([f"SECRET='{secret}'", *(line.strip() for line in lines[start:end]), 'echo "$ID $TS $SIG"'])
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.split(" ")
+    event_id, timestamp, body = out[0], out[1], json.dumps({"type": "demo.ping", "data": {"hello": "world"}})
+    body = body.replace(", ", ",").replace(": ", ":")  # the NOTES body is compact JSON
+    expected = Webhook(secret).sign(event_id, datetime.fromtimestamp(int(timestamp), tz=UTC), body)
+    assert f"v1,{out[2].strip()}" == expected

@@ -37,6 +37,7 @@ from aiohttp import web
 
 from hookline import outbox
 from hookline.core import delivery, http, metrics
+from hookline.core.batching import Batcher
 from hookline.core.delivery import DeliveryResult
 from hookline.core.maintenance import sweep_once
 from hookline.core.providers import active_secrets
@@ -83,60 +84,34 @@ def classify(result: DeliveryResult) -> str:
 
 
 class Completer:
-    """Collects successful deliveries for a few milliseconds and books them in one transaction."""
+    """Successful deliveries booked in batches (the shared group-commit ``Batcher``): one
+    transaction marks a batch done, stores each answer and closes the endpoints' circuits."""
 
     def __init__(self, pool: asyncpg.Pool, worker_id: str, max_batch: int = 500, window: float = 0.005) -> None:
-        self._pool, self._worker_id, self._max_batch, self._window = pool, worker_id, max_batch, window
-        self._pending: list[tuple[Claimed, DeliveryResult, asyncio.Future[bool]]] = []
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._pool, self._worker_id = pool, worker_id
+        self._batcher: Batcher[tuple[Claimed, DeliveryResult], bool] = Batcher(
+            self._write, name="relay-completions", max_batch=max_batch, window=window)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="relay-completer")
-
-    async def complete(self, claimed: Claimed, result: DeliveryResult) -> bool:
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending.append((claimed, result, future))
-        self._wake.set()
-        return await future
-
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            if len(self._pending) < self._max_batch:
-                await asyncio.sleep(self._window)
-            self._wake.clear()
-            await self.flush()
-
-    async def flush(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch:]
-            try:
-                async with self._pool.acquire() as conn, conn.transaction():
-                    done = await OUTBOX.complete(conn, [(c.id, c.attempts) for c, _, _ in batch], self._worker_id)
-                    booked = [(c, r) for c, r, _ in batch if c.id in done]
-                    await conn.execute(
-                        outbox.query("record_responses"), [c.id for c, _ in booked],
-                        [r.status for _, r in booked], [r.body[:RESPONSE_STORED] for _, r in booked],
-                        [r.latency * 1000 for _, r in booked],
-                    )
-                    await conn.execute(outbox.query("endpoints_succeeded"),
-                                       sorted({c.endpoint.name for c, _ in booked}))
-            except Exception as exc:
-                for *_, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for claimed, _, future in batch:
-                if not future.done():
-                    future.set_result(claimed.id in done)
+        self._batcher.start()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self.flush()
+        await self._batcher.stop()
+
+    async def complete(self, claimed: Claimed, result: DeliveryResult) -> bool:
+        """True when booked; False when the lease was lost meanwhile (someone else books that attempt)."""
+        return await self._batcher.submit((claimed, result))
+
+    async def _write(self, batch: list[tuple[Claimed, DeliveryResult]]) -> list[bool]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            done = await OUTBOX.complete(conn, [(c.id, c.attempts) for c, _ in batch], self._worker_id)
+            booked = [(c, r) for c, r in batch if c.id in done]
+            await conn.execute(
+                outbox.query("record_responses"), [c.id for c, _ in booked], [r.status for _, r in booked],
+                [r.body[:RESPONSE_STORED] for _, r in booked], [r.latency * 1000 for _, r in booked],
+            )
+            await conn.execute(outbox.query("endpoints_succeeded"), sorted({c.endpoint.name for c, _ in booked}))
+        return [c.id in done for c, _ in batch]
 
 
 def _set_event(event: asyncio.Event, *_: object) -> None:
