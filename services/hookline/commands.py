@@ -110,7 +110,7 @@ async def receiver(args: argparse.Namespace) -> int:
     from hookline.core.providers import ProviderRegistry
     from hookline.receiver.app import Receiver
 
-    pool = await db.create_pool(max_size=args.db_connections + 2)
+    pool = await db.create_pool(min_size=args.db_connections + 2, max_size=args.db_connections + 2, lean=True)
     registry = ProviderRegistry(pool)
     await registry.start()
     service = Receiver(pool, registry, args.host, args.port, max_batch=args.max_batch,
@@ -133,7 +133,8 @@ async def worker(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1:
         return _fail("--concurrency must be at least 1")
-    pool = await db.create_pool(max_size=args.concurrency + 4)
+    # Every connection is opened up front: no ramp-up of connects and type look-ups under load.
+    pool = await db.create_pool(min_size=args.concurrency + 4, max_size=args.concurrency + 4, lean=True)
     registry = ProviderRegistry(pool)
     await registry.start()
     unknown = [n for n in args.providers or [] if registry.get(n) is None]

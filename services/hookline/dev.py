@@ -94,7 +94,7 @@ async def run_dev(args: argparse.Namespace) -> int:
         finally:
             await conn.close()
 
-        pool = await db.create_pool(url, max_size=30)
+        pool = await db.create_pool(url, max_size=30, lean=True)
         registry = ProviderRegistry(pool)
         await registry.start()
         receiver = Receiver(pool, registry, args.host, args.port)

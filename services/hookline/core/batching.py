@@ -28,8 +28,12 @@ R = TypeVar("R")
 
 class Batcher(Generic[T, R]):
     def __init__(self, write: Callable[[list[T]], Awaitable[Sequence[R]]], *, name: str,
-                 max_batch: int = 128, window: float = 0.001, writers: int = 1) -> None:
+                 max_batch: int = 128, window: float = 0.001, writers: int = 1,
+                 expected: Callable[[], int] | None = None) -> None:
         self._write = write
+        # How many items could still arrive (e.g. events in flight): waiting for more than
+        # that cannot grow the batch, so the window is skipped.
+        self._expected = expected
         self._name = name
         self._max_batch = max_batch
         self._window = window
@@ -64,7 +68,8 @@ class Batcher(Generic[T, R]):
         while True:
             batch = [await self._queue.get()]
             self._take_ready(batch)
-            if len(batch) < self._max_batch and self._window > 0:
+            if (len(batch) < self._max_batch and self._window > 0
+                    and (self._expected is None or len(batch) < self._expected())):
                 await asyncio.sleep(self._window)
                 self._take_ready(batch)
             try:

@@ -58,16 +58,27 @@ def _json_loads(value: str) -> Any:
     return json.loads(value)
 
 
+async def _keep_session(_conn: asyncpg.Connection) -> None:
+    """Skip asyncpg's reset query on release (it still aborts open transactions and drops listeners)."""
+
+
 async def create_pool(
-    url: str | None = None, *, min_size: int = 1, max_size: int = 10, command_timeout: float = 30.0
+    url: str | None = None, *, min_size: int = 1, max_size: int = 10, command_timeout: float = 30.0,
+    lean: bool = False,
 ) -> asyncpg.Pool:
-    """A pool with Hookline's type codecs; ``url`` defaults to HOOKLINE_DATABASE_URL."""
+    """A pool with Hookline's type codecs; ``url`` defaults to HOOKLINE_DATABASE_URL.
+
+    ``lean`` pools skip the per-release ``RESET ALL; UNLISTEN *; ...`` round trip, which
+    costs a service as much as the statement it runs. Code on such a pool (handlers
+    included) must not leave session state behind: use ``SET LOCAL``, not ``SET``.
+    """
     pool = await asyncpg.create_pool(
         url or database_url(),
         min_size=min_size,
         max_size=max_size,
         command_timeout=command_timeout,
         init=_init_connection,
+        **({"reset": _keep_session} if lean else {}),
     )
     assert pool is not None
     return pool

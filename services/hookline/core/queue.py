@@ -101,11 +101,9 @@ class Queue:
 
     async def extend_leases(self, conn: asyncpg.Connection | asyncpg.Pool, ids: Sequence[int], worker: str,
                             lease_seconds: float) -> set[int]:
+        """Extend ``worker``'s leases on ``ids``; return the ids whose lease it has lost."""
         rows = await conn.fetch(self._sql["extend_leases"], list(ids), worker, float(lease_seconds))
         return {r["id"] for r in rows}
-
-    async def lock_own(self, conn: asyncpg.Connection, id: int, attempts: int, worker: str) -> bool:
-        return await conn.fetchval(self._sql["lock_own"], id, worker, attempts) is not None
 
     async def complete(self, conn: asyncpg.Connection | asyncpg.Pool, done: Sequence[tuple[int, int]],
                        worker: str) -> set[int]:

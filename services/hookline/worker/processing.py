@@ -48,6 +48,10 @@ class Result(Enum):
     LOST = "lost"  # the lease was taken from us; nothing was committed
 
 
+class LeaseLost(Exception):
+    """Another worker owns the event now; nothing of this attempt may be committed."""
+
+
 class PermanentFailure(Exception):
     """Retrying cannot help (e.g. the destination answered 400): the event goes dead now."""
 
@@ -92,7 +96,6 @@ class Processor:
         self.session = session
         self.worker_id = worker_id
         self._complete_later = complete_later
-        self.in_transaction: set[int] = set()  # ids whose row lock we hold (the heartbeat skips them)
 
     async def process(self, event: Event, provider: Provider, deferred_since: float | None) -> Result:
         started = time.perf_counter()
@@ -108,6 +111,8 @@ class Processor:
             else:
                 await self._effect(event, provider, None)
                 result = Result.DONE if await self._complete_later(event.id, event.attempts) else Result.LOST
+        except LeaseLost:
+            result = Result.LOST
         except PermanentFailure as exc:
             result = await self._finish_failure(event, provider, str(exc), permanent=True)
         except RetryableFailure as exc:
@@ -149,28 +154,21 @@ class Processor:
 
     async def _in_transaction(self, event: Event, provider: Provider, transition: Transition | None,
                               deferred_since: float | None) -> Result:
-        async with self.pool.acquire() as conn:
-            self.in_transaction.add(event.id)
-            try:
-                async with conn.transaction():
-                    if not await INBOX.lock_own(conn, event.id, event.attempts, self.worker_id):
-                        return Result.LOST
-                    if transition is not None:
-                        assert provider.ordering is not None and event.entity_key is not None
-                        row = await conn.fetchrow(db.query("lock_entity_state"), provider.name, event.entity_key)
-                        state = row["state"] if row else None
-                        if state not in transition.from_states:
-                            return await self._defer(conn, event, provider, transition, state, deferred_since)
-                    await self._effect(event, provider, conn)
-                    if transition is not None:
-                        await conn.execute(db.query("set_entity_state"), provider.name, event.entity_key,
-                                           transition.to)
-                        await conn.fetchrow(db.query("release_deferred"), provider.name, event.entity_key)
-                    if not await INBOX.complete(conn, [(event.id, event.attempts)], self.worker_id):
-                        raise RuntimeError("lease lost while completing")  # rolls the effect back
-                return Result.DONE
-            finally:
-                self.in_transaction.discard(event.id)
+        async with self.pool.acquire() as conn, conn.transaction():
+            if transition is not None:
+                assert provider.ordering is not None and event.entity_key is not None
+                state = await conn.fetchval(db.query("lock_entity_state"), provider.name, event.entity_key)
+                if state not in transition.from_states:
+                    return await self._defer(conn, event, provider, transition, state, deferred_since)
+            await self._effect(event, provider, conn)
+            if transition is not None:
+                await conn.execute(db.query("set_entity_state"), provider.name, event.entity_key, transition.to)
+                await conn.fetchrow(db.query("release_deferred"), provider.name, event.entity_key)
+            # The guarded UPDATE proves the lease is still ours; if it is not, raising rolls the
+            # handler's writes back with it, so a lost lease never commits an effect.
+            if not await INBOX.complete(conn, [(event.id, event.attempts)], self.worker_id):
+                raise LeaseLost()
+        return Result.DONE
 
     async def _defer(self, conn: asyncpg.Connection, event: Event, provider: Provider, transition: Transition,
                      state: str | None, deferred_since: float | None) -> Result:

@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Callable
 
 import asyncpg
 
@@ -32,11 +33,12 @@ log = logging.getLogger(__name__)
 class BatchCompleter:
     """Marks events done in batches: many handlers finishing at once cost one UPDATE."""
 
-    def __init__(self, pool: asyncpg.Pool, worker_id: str, max_batch: int = 500, window: float = 0.005) -> None:
+    def __init__(self, pool: asyncpg.Pool, worker_id: str, in_flight: Callable[[], int], max_batch: int = 500,
+                 window: float = 0.005) -> None:
         self._pool = pool
         self._worker_id = worker_id
-        self._batcher: Batcher[tuple[int, int], bool] = Batcher(self._write, name="completer",
-                                                                max_batch=max_batch, window=window)
+        self._batcher: Batcher[tuple[int, int], bool] = Batcher(
+            self._write, name="completer", max_batch=max_batch, window=window, expected=in_flight)
 
     def start(self) -> None:
         self._batcher.start()
@@ -64,7 +66,7 @@ class Worker:
         self.poll_interval = poll_interval
         self.grace_period = grace_period
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.completer = BatchCompleter(pool, self.worker_id)
+        self.completer = BatchCompleter(pool, self.worker_id, lambda: len(self._in_flight))
         self.session = delivery.create_session(allow_private_networks=True, connections=concurrency)
         self.processor = Processor(pool, self.session, self.worker_id, self.completer.complete)
         self._in_flight: dict[int, tuple[asyncio.Task[Result], Provider]] = {}
@@ -168,20 +170,18 @@ class Worker:
             await asyncio.sleep(max(0.2, min(leases) / 3))
             by_lease: dict[int, list[int]] = {}
             for id, (_, provider) in list(self._in_flight.items()):
-                if id not in self.processor.in_transaction:
-                    by_lease.setdefault(provider.lease_seconds, []).append(id)
+                by_lease.setdefault(provider.lease_seconds, []).append(id)
             for lease, ids in by_lease.items():
                 try:
-                    kept = await INBOX.extend_leases(self.pool, ids, self.worker_id, lease)
+                    lost = await INBOX.extend_leases(self.pool, ids, self.worker_id, lease)
                 except Exception as exc:
                     log.warning("heartbeat failed", extra={"error": str(exc)})
                     continue
-                for id in set(ids) - kept:
-                    if id in self.processor.in_transaction or id not in self._in_flight:
-                        continue  # finished or locked by our own transaction meanwhile
-                    # Lost: the sweeper or another worker has it. Stop; our result would not be committed anyway.
-                    log.warning("lease lost; abandoning event", extra={"inbox_id": id})
-                    self._in_flight[id][0].cancel()
+                for id in lost:
+                    if id in self._in_flight:
+                        # The sweeper or another worker has it; our result would not be committed anyway.
+                        log.warning("lease lost; abandoning event", extra={"inbox_id": id})
+                        self._in_flight[id][0].cancel()
 
     async def stop(self) -> None:
         """Stop claiming, let in-flight events finish within the grace period, give back the rest."""

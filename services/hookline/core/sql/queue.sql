@@ -55,27 +55,27 @@ WHERE t.id = picked.id
 RETURNING t.*;
 
 -- name: extend_leases
--- Heartbeat. Rows locked right now are rows our own handler transaction holds:
--- nobody else can take them either, so skipping them is safe. The ids NOT
--- returned (and not locked by us) are leases this worker has lost.
+-- Heartbeat: extend this worker's leases and return the ids it has LOST (taken
+-- back by the sweeper, re-claimed by another worker, or buried). Rows locked at
+-- this instant (a completion being written) are skipped, not lost; rows already
+-- done are finished, not lost.
 WITH mine AS (
     SELECT id FROM {table}
     WHERE id = ANY($1::bigint[]) AND status = 'processing' AND locked_by = $2
     FOR UPDATE SKIP LOCKED
+), extended AS (
+    UPDATE {table} AS t SET lease_expires_at = now() + make_interval(secs => $3)
+    FROM mine WHERE t.id = mine.id
+    RETURNING t.id
 )
-UPDATE {table} AS t SET lease_expires_at = now() + make_interval(secs => $3)
-FROM mine WHERE t.id = mine.id
-RETURNING t.id;
-
--- name: lock_own
--- Inside a handler's transaction: lock the row and prove the lease is still ours
--- (same worker, same attempt). No row means the lease was lost: roll back.
-SELECT id FROM {table}
-WHERE id = $1 AND status = 'processing' AND locked_by = $2 AND attempts = $3
-FOR UPDATE;
+SELECT t.id FROM {table} AS t
+WHERE t.id = ANY($1::bigint[]) AND t.status <> 'done'
+  AND NOT (t.status = 'processing' AND t.locked_by = $2);
 
 -- name: complete
 -- Batched completions: (id, attempts) pairs; a pair whose lease was lost is skipped.
+-- Inside a handler's transaction this is also the proof that the lease is still
+-- ours: no row back means another worker owns the event now, and we roll back.
 UPDATE {table} AS t
 SET status = 'done', processed_at = now(), lease_expires_at = NULL, locked_by = NULL,
     last_error = NULL, deferred_since = NULL
