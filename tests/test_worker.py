@@ -135,7 +135,8 @@ retry: {maxAttempts: 3, initialDelaySeconds: 0, maxDelaySeconds: 0}
     deadline = time.monotonic() + 60
     while await effects.fetchval("SELECT status FROM hookline.inbox") != "dead":
         assert time.monotonic() < deadline, await effects.fetchrow("SELECT * FROM hookline.inbox")
-        w = worker(database_url, log_dir, "--sweep")
+        # Not waiting for /healthz: the handler may kill the process before it answers.
+        w = ServiceProcess(["worker", "--port", "0", "--sweep"], database_url, log_dir).start(wait_path=None)
         assert w.proc is not None
         for _ in range(100):  # the handler kills it; a supervisor (k8s) would restart it
             if w.proc.poll() is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from datetime import UTC, datetime
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,14 @@ HOOKLINE_LOG_FORMAT=text.
 
 Start here:  hookline dev            (the whole stack on your machine)
 """
+
+
+def _timestamp(value: str) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an ISO 8601 time, e.g. 2026-11-30T12:00:00Z") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -77,14 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("dlq", help="inspect and requeue dead events")
     dsub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    dl = dsub.add_parser("list", help="list dead inbox events, newest first")
-    dl.add_argument("--provider", help="only this provider")
+    dl = dsub.add_parser("list", help="list dead events, newest first (inbox; outbox with --endpoint/--since)")
     dl.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
-    _add_common(dl)
-    dr = dsub.add_parser("replay", help="requeue dead inbox events (attempts start again)")
-    dr.add_argument("--provider", help="only this provider")
-    dr.add_argument("--event-type", help="only events of this type")
-    _add_common(dr)
+    dr = dsub.add_parser("replay", help="requeue dead events; attempts start again")
+    dr.add_argument("--event-type", help="only inbox events of this type")
+    for d in (dl, dr):
+        d.add_argument("--provider", help="only this provider's inbox events")
+        d.add_argument("--endpoint", help="outbox deliveries to this endpoint instead of inbox events")
+        d.add_argument("--since", type=_timestamp, help="outbox deliveries that died at or after this time (ISO 8601)")
+        d.add_argument("--until", type=_timestamp, help="outbox deliveries that died before this time (ISO 8601)")
+        _add_common(d)
 
     p = sub.add_parser("relay", help="deliver outbox events to endpoints",
                        description="Claims outbox deliveries under leases (FOR UPDATE SKIP LOCKED) and POSTs "

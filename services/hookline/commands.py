@@ -167,9 +167,19 @@ async def worker(args: argparse.Namespace) -> int:
 
 
 async def dlq(args: argparse.Namespace) -> int:
+    outbox_side = args.endpoint or args.since or args.until
+    if outbox_side and (args.provider or getattr(args, "event_type", None)):
+        return _fail("--provider/--event-type select inbox events; --endpoint/--since/--until select outbox "
+                     "deliveries: use one kind")
     conn = await _connect()
     try:
-        if args.action == "list":
+        if outbox_side:
+            from hookline.relay.dlq import dlq_outbox
+
+            for line in await dlq_outbox(conn, args.action, endpoint=args.endpoint, since=args.since,
+                                         until=args.until, limit=getattr(args, "limit", 50)):
+                print(line)
+        elif args.action == "list":
             rows = await conn.fetch(db.query("list_dead"), args.provider, args.limit)
             print(f"{'PROVIDER':<16} {'EVENT ID':<36} {'TYPE':<28} {'ATTEMPTS':>8}  DIED AT                    ERROR")
             for r in rows:

@@ -69,6 +69,7 @@ async def run_dev(args: argparse.Namespace) -> int:
     from hookline.commands import apply_providers
     from hookline.core.maintenance import LeaseSweeper
     from hookline.receiver.app import Receiver
+    from hookline.relay.service import Relay
     from hookline.worker.service import StatsReporter, Worker
 
     data_dir: Path = args.data_dir.resolve()
@@ -94,13 +95,14 @@ async def run_dev(args: argparse.Namespace) -> int:
         finally:
             await conn.close()
 
-        pool = await db.create_pool(url, max_size=30, lean=True)
+        pool = await db.create_pool(url, max_size=36, lean=True)
         registry = ProviderRegistry(pool)
         await registry.start()
         receiver = Receiver(pool, registry, args.host, args.port)
         services: list[Service] = [
             receiver,
             Worker(pool, registry, concurrency=8),
+            Relay(pool, allow_private_networks=True, concurrency=16),
             LeaseSweeper(pool, lambda: {n: p.retry for n, p in registry.all().items()}),
             StatsReporter(pool, registry),
         ]

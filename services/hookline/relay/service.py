@@ -19,18 +19,17 @@ sweeper puts the delivery back, and it is sent again with the same webhook-id
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 from aiohttp import web
@@ -38,6 +37,7 @@ from aiohttp import web
 from hookline import outbox
 from hookline.core import delivery, http, metrics
 from hookline.core.batching import Batcher
+from hookline.core.consumer import LeasedConsumer
 from hookline.core.delivery import DeliveryResult
 from hookline.core.maintenance import sweep_once
 from hookline.core.providers import active_secrets
@@ -114,11 +114,8 @@ class Completer:
         return [c.id in done for c, _ in batch]
 
 
-def _set_event(event: asyncio.Event, *_: object) -> None:
-    event.set()
 
-
-class Relay:
+class Relay(LeasedConsumer):
     """The relay service; ``start``/``stop`` like the receiver, optionally serving ops routes on ``port``."""
 
     def __init__(self, pool: asyncpg.Pool, *, concurrency: int = 64, allow_private_networks: bool = False,
@@ -126,29 +123,23 @@ class Relay:
                  lease_seconds: float = 60.0, grace_period: float = 25.0, retention_hours: float = 72.0,
                  breaker_threshold: int = 5, probe_interval: float = 30.0, sweep_interval: float = 5.0,
                  stats_interval: float = 5.0, worker_id: str | None = None) -> None:
-        self.pool = pool
-        self.concurrency = concurrency
+        super().__init__(pool, OUTBOX, worker_id=worker_id or f"relay:{socket.gethostname()}:{os.getpid()}:"
+                         f"{uuid.uuid4().hex[:6]}", channels=("hookline_outbox", "hookline_endpoints"),
+                         concurrency=concurrency, poll_interval=poll_interval, grace_period=grace_period,
+                         refill=min(concurrency // 4, 16))
         self.allow_private_networks = allow_private_networks
         self.host, self.port = host, port
-        self.poll_interval = poll_interval
         self.lease_seconds = lease_seconds
-        self.grace_period = grace_period
         self.retention_seconds = retention_hours * 3600
         self.breaker_threshold = breaker_threshold
         self.probe_interval = probe_interval
         self.sweep_interval = sweep_interval
         self.stats_interval = stats_interval
-        self.worker_id = worker_id or f"relay:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.completer = Completer(pool, self.worker_id)
         self.session = delivery.create_session(allow_private_networks=allow_private_networks,
                                                connections=concurrency)
         self._endpoints: dict[str, Endpoint] = {}
         self._endpoints_loaded = 0.0
-        self._in_flight: dict[int, tuple[asyncio.Task[None], str]] = {}
-        self._wake = asyncio.Event()
-        self._slot_free = asyncio.Event()
-        self._stopping = False
-        self._tasks: list[asyncio.Task[None]] = []
         self._rotation = 0
         self._runner: web.AppRunner | None = None
 
@@ -157,43 +148,27 @@ class Relay:
     async def start(self) -> None:
         await self._refresh_endpoints()
         self.completer.start()
-        self._tasks = [asyncio.create_task(self._claim_loop(), name="relay-claim"),
-                       asyncio.create_task(self._heartbeat_loop(), name="relay-heartbeat"),
-                       asyncio.create_task(self._listen_loop(), name="relay-listen"),
-                       asyncio.create_task(self._maintenance_loop(), name="relay-maintenance")]
+        await self.start_loops()
         if self.port is not None:
             self._runner = await http.serve(http.ops_app(self.pool), self.host, self.port)
         log.info("relay started", extra={"worker": self.worker_id, "concurrency": self.concurrency,
                                          "allow_private_networks": self.allow_private_networks})
 
     async def stop(self) -> None:
-        """Stop claiming, let in-flight deliveries finish within the grace period, give back the rest."""
-        self._stopping = True
-        self._slot_free.set()
-        self._wake.set()
-        if self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._tasks[0]
-        tasks = [t for t, _ in self._in_flight.values()]
-        if tasks:
-            await asyncio.wait(tasks, timeout=self.grace_period)
-        unfinished = {id: t for id, (t, _) in self._in_flight.items() if not t.done()}
-        for task in unfinished.values():
-            task.cancel()
-        if unfinished:
-            await asyncio.wait(list(unfinished.values()), timeout=5)
-            # The request may or may not have reached the endpoint: sending again is the safe side.
-            released = await OUTBOX.release(self.pool, list(unfinished), self.worker_id)
-            log.info("released leases on shutdown", extra={"count": len(released)})
-        for task in self._tasks[1:]:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        """Stop claiming, let in-flight deliveries finish within the grace period, give back the rest
+        (a request that may or may not have reached its endpoint is sent again: the safe side)."""
+        await self.stop_loops()
         await self.completer.stop()
         await self.session.close()
         if self._runner:
             await self._runner.cleanup()
         log.info("relay stopped", extra={"worker": self.worker_id})
+
+    def shortest_lease(self) -> float:
+        return self.lease_seconds
+
+    def extra_loops(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._maintenance_loop()]
 
     # --- endpoints -------------------------------------------------------------------------
 
@@ -211,59 +186,15 @@ class Relay:
 
     # --- claiming --------------------------------------------------------------------------
 
-    def _on_notify(self, _conn: object, _pid: int, channel: str, _payload: str) -> None:
+    def on_notify(self, channel: str, payload: str) -> bool:
         if channel == "hookline_endpoints":
             self._endpoints_loaded = 0.0  # re-read before the next claim
-        self._wake.set()
+        return True
 
-    async def _listen_loop(self) -> None:
-        """LISTEN is only a hint to look sooner; losing it just means waiting for the next poll."""
-        channels = ("hookline_outbox", "hookline_endpoints")
-        while True:
-            listener: asyncpg.Connection | None = None
-            try:
-                listener = await self.pool.acquire()
-                closed = asyncio.Event()
-                listener.add_termination_listener(functools.partial(_set_event, closed))
-                for channel in channels:
-                    await listener.add_listener(channel, self._on_notify)
-                await closed.wait()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("relay LISTEN connection lost; polling meanwhile", extra={"error": str(exc)})
-            finally:
-                if listener is not None:
-                    for channel in channels:
-                        with contextlib.suppress(Exception):
-                            await listener.remove_listener(channel, self._on_notify)
-                    with contextlib.suppress(Exception):
-                        await self.pool.release(listener)
-            await asyncio.sleep(1)
-
-    async def _claim_loop(self) -> None:
-        # Refill in batches: claiming the moment a single slot frees would turn every
-        # delivery into its own claim statement, and the claim round trips, not the
-        # HTTP calls, would set the pace.
-        refill = max(1, min(self.concurrency // 4, 16))
-        while not self._stopping:
-            while self.concurrency - len(self._in_flight) < refill and not self._stopping:
-                self._slot_free.clear()
-                await self._slot_free.wait()
-            if self._stopping:
-                break
-            self._wake.clear()
-            try:
-                if time.monotonic() - self._endpoints_loaded > self.poll_interval:
-                    await self._refresh_endpoints()
-                claimed = await self._claim_round()
-            except Exception as exc:
-                log.warning("claim failed; retrying", extra={"error": str(exc)})
-                await asyncio.sleep(1)
-                continue
-            if not claimed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+    async def claim_round(self) -> int:
+        if time.monotonic() - self._endpoints_loaded > self.poll_interval:
+            await self._refresh_endpoints()
+        return await self._claim_round()
 
     async def _claim_round(self) -> int:
         active = [e for e in self._endpoints.values() if e.enabled]
@@ -273,9 +204,9 @@ class Relay:
         per_endpoint = self._per_endpoint_limit(len(active))
         claimed = 0
         for endpoint in active[self._rotation:] + active[: self._rotation]:
-            busy = sum(1 for _, name in self._in_flight.values() if name == endpoint.name)
-            limit = min(self.concurrency - len(self._in_flight), per_endpoint - busy)
-            if self._stopping or len(self._in_flight) >= self.concurrency:
+            busy = sum(1 for _, _, name in self.in_flight.values() if name == endpoint.name)
+            limit = min(self.free_slots, per_endpoint - busy)
+            if self.stopping or self.free_slots <= 0:
                 break
             if limit <= 0:
                 continue
@@ -307,16 +238,12 @@ class Relay:
                                 envelope(event["event_type"], event["created_at"], event["payload"])))
 
     def _start(self, claimed: Claimed) -> None:
-        task = asyncio.create_task(self._deliver(claimed))
-        self._in_flight[claimed.id] = (task, claimed.endpoint.name)
-        task.add_done_callback(functools.partial(self._finished, claimed.id))
+        self.spawn(claimed.id, self._deliver(claimed), self.lease_seconds, claimed.endpoint.name)
 
-    def _finished(self, id: int, task: asyncio.Task[None]) -> None:
-        _, name = self._in_flight.pop(id)
-        self._slot_free.set()
-        endpoint = self._endpoints.get(name)
+    def on_finished(self, id: int, partition: str, task: asyncio.Task[Any]) -> None:
+        endpoint = self._endpoints.get(partition)
         if endpoint is not None and endpoint.ordered:
-            self._wake.set()  # a finished delivery may be what its aggregate's next event waits for
+            self.wake()  # a finished delivery may be what its aggregate's next event waits for
         if not task.cancelled() and (exc := task.exception()) is not None:
             # Bookkeeping failed (Postgres away): the lease runs out and the sweeper retries it.
             log.warning("delivery bookkeeping failed; the lease will expire and it is retried",
@@ -383,17 +310,6 @@ class Relay:
 
     # --- background work -------------------------------------------------------------------
 
-    async def _heartbeat_loop(self) -> None:
-        """Extend in-flight leases well before they run out (a slow endpoint is not a dead relay)."""
-        while True:
-            await asyncio.sleep(max(0.2, self.lease_seconds / 3))
-            ids = list(self._in_flight)
-            if ids:
-                try:
-                    await OUTBOX.extend_leases(self.pool, ids, self.worker_id, self.lease_seconds)
-                except Exception as exc:
-                    log.warning("heartbeat failed", extra={"error": str(exc)})
-
     async def sweep(self) -> None:
         """Requeue (or bury) deliveries whose relay died: the at-least-once half of the crash story.
         Every relay sweeps; SKIP LOCKED in the sweep makes that safe."""
@@ -401,14 +317,14 @@ class Relay:
         for partition, count in result.dead.items():
             metrics.relay_dead.labels(partition).inc(count)
         if result.total:
-            self._wake.set()
+            self.wake()
 
     async def run_retention(self, batch: int = 500) -> int:
         """Delete delivered events older than the retention age, one short transaction per batch."""
         if self.retention_seconds <= 0:
             return 0
         total = 0
-        while not self._stopping:
+        while not self.stopping:
             status = await self.pool.execute(outbox.query("retention"), self.retention_seconds, batch)
             deleted = int(status.split()[-1])
             total += deleted

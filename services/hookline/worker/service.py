@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import socket
@@ -22,10 +21,11 @@ import asyncpg
 
 from hookline.core import delivery, metrics
 from hookline.core.batching import Batcher
+from hookline.core.consumer import LeasedConsumer
 from hookline.core.providers import Provider, ProviderRegistry
 from hookline.core.queue import INBOX
 from hookline.worker.event import Event
-from hookline.worker.processing import Processor, Result
+from hookline.worker.processing import Processor
 
 log = logging.getLogger(__name__)
 
@@ -55,26 +55,18 @@ class BatchCompleter:
         return [id in done for id, _ in items]
 
 
-class Worker:
+class Worker(LeasedConsumer):
     def __init__(self, pool: asyncpg.Pool, registry: ProviderRegistry, *, providers: list[str] | None = None,
                  concurrency: int = 16, poll_interval: float = 1.0, grace_period: float = 25.0,
                  worker_id: str | None = None) -> None:
-        self.pool = pool
+        super().__init__(pool, INBOX, worker_id=worker_id or f"{socket.gethostname()}:{os.getpid()}:"
+                         f"{uuid.uuid4().hex[:6]}", channels=("hookline_inbox",), concurrency=concurrency,
+                         poll_interval=poll_interval, grace_period=grace_period)
         self.registry = registry
         self.only = providers or None
-        self.concurrency = concurrency
-        self.poll_interval = poll_interval
-        self.grace_period = grace_period
-        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.completer = BatchCompleter(pool, self.worker_id, lambda: len(self._in_flight))
+        self.completer = BatchCompleter(pool, self.worker_id, lambda: len(self.in_flight))
         self.session = delivery.create_session(allow_private_networks=True, connections=concurrency)
         self.processor = Processor(pool, self.session, self.worker_id, self.completer.complete)
-        self._in_flight: dict[int, tuple[asyncio.Task[Result], Provider]] = {}
-        self._wake = asyncio.Event()
-        self._slot_free = asyncio.Event()
-        self._stopping = False
-        self._tasks: list[asyncio.Task[None]] = []
-        self._listener: asyncpg.Connection | None = None
         self._rotation = 0
 
     def providers(self) -> list[Provider]:
@@ -82,133 +74,44 @@ class Worker:
         names = self.only if self.only is not None else sorted(known)
         return [known[n] for n in names if n in known]
 
+    def shortest_lease(self) -> float:
+        # Paced by every provider this worker may claim for, not only what is in flight, so an
+        # event claimed just after a beat still gets its first extension well before its lease ends.
+        return float(min((p.lease_seconds for p in self.providers()), default=60))
+
+    def on_notify(self, channel: str, payload: str) -> bool:
+        return self.only is None or payload in self.only
+
     async def start(self) -> None:
         self.completer.start()
-        self._tasks = [asyncio.create_task(self._claim_loop(), name="claim-loop"),
-                       asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
-                       asyncio.create_task(self._listen_loop(), name="listen")]
+        await self.start_loops()
         log.info("worker started", extra={"worker": self.worker_id, "providers": self.only or "all",
                                           "concurrency": self.concurrency})
 
-    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        if self.only is None or payload in self.only:
-            self._wake.set()
+    async def stop(self) -> None:
+        await self.stop_loops()
+        await self.completer.stop()
+        await self.session.close()
+        log.info("worker stopped", extra={"worker": self.worker_id})
 
-    async def _listen_loop(self) -> None:
-        """LISTEN is only a hint to look sooner; losing it just means waiting for the next poll."""
-        while True:
-            try:
-                self._listener = await self.pool.acquire()
-                lost = asyncio.Event()
-                self._listener.add_termination_listener(lambda _c: lost.set())
-                await self._listener.add_listener("hookline_inbox", self._on_notify)
-                await lost.wait()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("worker LISTEN connection lost; polling meanwhile", extra={"error": str(exc)})
-            finally:
-                if self._listener is not None:
-                    with contextlib.suppress(Exception):
-                        await self._listener.remove_listener("hookline_inbox", self._on_notify)
-                    with contextlib.suppress(Exception):
-                        await self.pool.release(self._listener)
-                    self._listener = None
-            await asyncio.sleep(1)
-
-    async def _claim_loop(self) -> None:
-        while not self._stopping:
-            while len(self._in_flight) >= self.concurrency and not self._stopping:
-                self._slot_free.clear()
-                await self._slot_free.wait()
-            if self._stopping:
-                break
-            self._wake.clear()
-            try:
-                claimed = await self._claim_round()
-            except Exception as exc:
-                log.warning("claim failed; retrying", extra={"error": str(exc)})
-                await asyncio.sleep(1)
-                continue
-            if not claimed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
-
-    async def _claim_round(self) -> int:
+    async def claim_round(self) -> int:
         providers = self.providers()
         if not providers:
             return 0
         self._rotation = (self._rotation + 1) % len(providers)
         claimed = 0
         for provider in providers[self._rotation:] + providers[: self._rotation]:
-            free = self.concurrency - len(self._in_flight)
-            if free <= 0 or self._stopping:
+            if self.free_slots <= 0 or self.stopping:
                 break
-            rows = await INBOX.claim(self.pool, provider.name, free, self.worker_id, provider.lease_seconds)
+            rows = await INBOX.claim(self.pool, provider.name, self.free_slots, self.worker_id,
+                                     provider.lease_seconds)
             for row in rows:
-                self._start(row, provider)
+                event = Event.from_row(row)
+                deferred_since = row["deferred_since"].timestamp() if row["deferred_since"] else None
+                self.spawn(event.id, self.processor.process(event, provider, deferred_since),
+                           provider.lease_seconds, provider.name)
             claimed += len(rows)
         return claimed
-
-    def _start(self, row: asyncpg.Record, provider: Provider) -> None:
-        event = Event.from_row(row)
-        deferred_since = row["deferred_since"].timestamp() if row["deferred_since"] else None
-        task = asyncio.create_task(self.processor.process(event, provider, deferred_since))
-        self._in_flight[event.id] = (task, provider)
-        task.add_done_callback(functools.partial(self._finished, event.id))
-
-    def _finished(self, id: int, _task: asyncio.Task[Result]) -> None:
-        self._in_flight.pop(id, None)
-        self._slot_free.set()
-
-    async def _heartbeat_loop(self) -> None:
-        """Extend leases of in-flight events well before they run out."""
-        while True:
-            # Paced by the shortest lease this worker may hold, so an event claimed just after
-            # a beat still gets its first extension well before its lease runs out.
-            leases = [p.lease_seconds for p in self.providers()] or [60]
-            await asyncio.sleep(max(0.2, min(leases) / 3))
-            by_lease: dict[int, list[int]] = {}
-            for id, (_, provider) in list(self._in_flight.items()):
-                by_lease.setdefault(provider.lease_seconds, []).append(id)
-            for lease, ids in by_lease.items():
-                try:
-                    lost = await INBOX.extend_leases(self.pool, ids, self.worker_id, lease)
-                except Exception as exc:
-                    log.warning("heartbeat failed", extra={"error": str(exc)})
-                    continue
-                for id in lost:
-                    if id in self._in_flight:
-                        # The sweeper or another worker has it; our result would not be committed anyway.
-                        log.warning("lease lost; abandoning event", extra={"inbox_id": id})
-                        self._in_flight[id][0].cancel()
-
-    async def stop(self) -> None:
-        """Stop claiming, let in-flight events finish within the grace period, give back the rest."""
-        self._stopping = True
-        self._slot_free.set()
-        self._wake.set()
-        claim = self._tasks[0]
-        with contextlib.suppress(asyncio.CancelledError):
-            await claim
-        in_flight = [t for t, _ in self._in_flight.values()]
-        if in_flight:
-            await asyncio.wait(in_flight, timeout=self.grace_period)
-        unfinished = {id: t for id, (t, _) in self._in_flight.items() if not t.done()}
-        for task in unfinished.values():
-            task.cancel()
-        if unfinished:
-            await asyncio.wait(list(unfinished.values()), timeout=5)
-            # Their transactions rolled back (or their calls were cut off): hand them to the next worker now.
-            released = await INBOX.release(self.pool, list(unfinished), self.worker_id)
-            log.info("released leases on shutdown", extra={"count": len(released)})
-        for loop_task in self._tasks[1:]:
-            loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop_task
-        await self.completer.stop()
-        await self.session.close()
-        log.info("worker stopped", extra={"worker": self.worker_id})
 
 
 class StatsReporter:

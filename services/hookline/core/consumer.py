@@ -1,0 +1,185 @@
+"""The consumer loop shared by the inbox worker and the outbox relay.
+
+Both do the same thing with different rows: claim leased rows partition by
+partition, run one task per row, keep the leases alive while the tasks run,
+wake up on NOTIFY (polling as the fallback), and on shutdown stop claiming, let
+in-flight tasks finish within a grace period, and hand back the leases of the
+rest. Subclasses say what a claim round is (``claim_round``) and call ``spawn``
+for each claimed row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Coroutine
+from typing import Any
+
+import asyncpg
+
+from hookline.core.queue import Queue
+
+log = logging.getLogger(__name__)
+
+
+class LeasedConsumer(ABC):
+    def __init__(self, pool: asyncpg.Pool, queue: Queue, *, worker_id: str, channels: tuple[str, ...],
+                 concurrency: int, poll_interval: float, grace_period: float, refill: int = 1) -> None:
+        self.pool = pool
+        self.queue = queue
+        self.worker_id = worker_id
+        self.channels = channels
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval
+        self.grace_period = grace_period
+        # Claim again only once this many slots are free: claiming for every single free
+        # slot would make the claim round trips, not the work, set the pace.
+        self.refill = max(1, min(refill, concurrency))
+        self.in_flight: dict[int, tuple[asyncio.Task[Any], float, str]] = {}  # id -> (task, lease, partition)
+        self.stopping = False
+        self._wake = asyncio.Event()
+        self._slot_free = asyncio.Event()
+        self._loops: list[asyncio.Task[None]] = []
+
+    # --- what subclasses provide -----------------------------------------------------------
+
+    @abstractmethod
+    async def claim_round(self) -> int:
+        """Claim what is due (round robin over partitions), ``spawn`` a task per row; return the count."""
+
+    def shortest_lease(self) -> float:
+        """The shortest lease a claim may take; paces the heartbeat."""
+        return min((lease for _, lease, _ in self.in_flight.values()), default=60.0)
+
+    def on_notify(self, channel: str, payload: str) -> bool:
+        """Whether a notification should wake the claim loop."""
+        return True
+
+    def on_finished(self, id: int, partition: str, task: asyncio.Task[Any]) -> None:  # noqa: B027 - optional hook
+        """Called when a spawned task ends (finished, failed or cancelled)."""
+
+    def extra_loops(self) -> list[Coroutine[Any, Any, None]]:
+        """Further background loops to run while the consumer runs (maintenance, stats)."""
+        return []
+
+    # --- the shared mechanism --------------------------------------------------------------
+
+    @property
+    def free_slots(self) -> int:
+        return self.concurrency - len(self.in_flight)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def spawn(self, id: int, work: Coroutine[Any, Any, Any], lease_seconds: float, partition: str) -> None:
+        task = asyncio.create_task(work)
+        self.in_flight[id] = (task, lease_seconds, partition)
+        task.add_done_callback(functools.partial(self._finished, id))
+
+    def _finished(self, id: int, task: asyncio.Task[Any]) -> None:
+        _, _, partition = self.in_flight.pop(id)
+        self._slot_free.set()
+        self.on_finished(id, partition, task)
+
+    async def start_loops(self) -> None:
+        self._loops = [asyncio.create_task(self._claim_loop(), name="claim"),
+                       asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+                       asyncio.create_task(self._listen_loop(), name="listen"),
+                       *(asyncio.create_task(loop) for loop in self.extra_loops())]
+
+    async def stop_loops(self) -> None:
+        """Stop claiming, let in-flight tasks finish within the grace period, give back the rest."""
+        self.stopping = True
+        self._slot_free.set()
+        self._wake.set()
+        if self._loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loops[0]
+        running = [task for task, _, _ in self.in_flight.values()]
+        if running:
+            await asyncio.wait(running, timeout=self.grace_period)
+        unfinished = {id: task for id, (task, _, _) in self.in_flight.items() if not task.done()}
+        for task in unfinished.values():
+            task.cancel()
+        if unfinished:
+            await asyncio.wait(list(unfinished.values()), timeout=5)
+            # Their transactions rolled back (or their calls were cut off): the next consumer takes them now.
+            released = await self.queue.release(self.pool, list(unfinished), self.worker_id)
+            log.info("released leases on shutdown", extra={"count": len(released)})
+        for loop in self._loops[1:]:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
+        self._loops = []
+
+    async def _claim_loop(self) -> None:
+        while not self.stopping:
+            while self.free_slots < self.refill and not self.stopping:
+                self._slot_free.clear()
+                await self._slot_free.wait()
+            if self.stopping:
+                break
+            self._wake.clear()
+            try:
+                claimed = await self.claim_round()
+            except Exception as exc:
+                log.warning("claim failed; retrying", extra={"queue": self.queue.table, "error": str(exc)})
+                await asyncio.sleep(1)
+                continue
+            if not claimed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+
+    def _notified(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
+        if self.on_notify(channel, payload):
+            self._wake.set()
+
+    async def _listen_loop(self) -> None:
+        """LISTEN is only a hint to look sooner; losing it just means waiting for the next poll."""
+        while True:
+            listener: asyncpg.Connection | None = None
+            try:
+                listener = await self.pool.acquire()
+                closed = asyncio.Event()
+                listener.add_termination_listener(functools.partial(_set, closed))
+                for channel in self.channels:
+                    await listener.add_listener(channel, self._notified)
+                await closed.wait()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("LISTEN connection lost; polling meanwhile", extra={"error": str(exc)})
+            finally:
+                if listener is not None:
+                    for channel in self.channels:
+                        with contextlib.suppress(Exception):
+                            await listener.remove_listener(channel, self._notified)
+                    with contextlib.suppress(Exception):
+                        await self.pool.release(listener)
+            await asyncio.sleep(1)
+
+    async def _heartbeat_loop(self) -> None:
+        """Extend in-flight leases well before they run out; abandon work whose lease was lost."""
+        while True:
+            await asyncio.sleep(max(0.2, self.shortest_lease() / 3))
+            by_lease: dict[float, list[int]] = {}
+            for id, (_, lease, _) in list(self.in_flight.items()):
+                by_lease.setdefault(lease, []).append(id)
+            for lease, ids in by_lease.items():
+                try:
+                    lost = await self.queue.extend_leases(self.pool, ids, self.worker_id, lease)
+                except Exception as exc:
+                    log.warning("heartbeat failed", extra={"queue": self.queue.table, "error": str(exc)})
+                    continue
+                for id in lost:
+                    if id in self.in_flight:
+                        # The sweeper or another consumer has it; our result would not be committed anyway.
+                        log.warning("lease lost; abandoning", extra={"queue": self.queue.table, "id": id})
+                        self.in_flight[id][0].cancel()
+
+
+def _set(event: asyncio.Event, *_: object) -> None:
+    event.set()
