@@ -88,7 +88,8 @@ async def main() -> None:
         await apply_providers(conn, PROVIDER)
         await conn.close()
         port = free_port()
-        proc = start_service(["receiver", "--host", "127.0.0.1", "--port", str(port), *args.receiver_args.split()], url, port)
+        receiver_args = ["receiver", "--host", "127.0.0.1", "--port", str(port), *args.receiver_args.split()]
+        proc = start_service(receiver_args, url, port)
         try:
             requests = build_requests(args.events, port)
             await drive(port, requests[:2000], args.connections, 2)  # warm-up

@@ -260,12 +260,12 @@ async def _refresh(body: kopf.Body, spec: dict[str, Any], name: str, namespace: 
 
     # Rotation: a new secret, the old one valid for the overlap window.
     token = annotations.get(ROTATE_ANNOTATION)
-    if token and (status.get("rotation") or {}).get("lastHandledToken") != token:
-        if await rotate_secret(body, name, namespace, spec, token):
-            async def record(_conn: asyncpg.Connection) -> dict[str, Any]:
-                return {"at": now_iso()}
-            result, _fresh = await handle_token(name, "rotate-secret", token, record)
-            patch.status["rotation"] = {"lastHandledToken": token, "at": result["at"]}
+    if (token and (status.get("rotation") or {}).get("lastHandledToken") != token
+            and await rotate_secret(body, name, namespace, spec, token)):
+        async def record(_conn: asyncpg.Connection) -> dict[str, Any]:
+            return {"at": now_iso()}
+        result, _fresh = await handle_token(name, "rotate-secret", token, record)
+        patch.status["rotation"] = {"lastHandledToken": token, "at": result["at"]}
 
     # Level-based re-sync: rotated or expired secrets, or a row removed by hand, converge here.
     data: dict[str, str] = {}

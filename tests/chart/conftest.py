@@ -7,7 +7,6 @@ Tests that use it are marked `k8s` in their module (`pytest -m "not k8s"` leaves
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,21 +17,14 @@ REPO = Path(__file__).resolve().parents[2]
 # tests/ is not a package; make tests/envtest/apiserver.py importable from here.
 sys.path.insert(0, str(REPO / "tests" / "envtest"))
 
-from apiserver import ApiServer, find_assets  # noqa: E402
+from apiserver import ApiServer  # noqa: E402
 
-ADVICE = (
-    "no kube-apiserver/etcd/kubectl found: run `make envtest` once to build them "
-    "(cached in ~/.cache/hookline/envtest), or point KUBEBUILDER_ASSETS at them"
-)
+from support.kube import require_assets  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def chart_apiserver() -> Iterator[ApiServer]:
-    assets = find_assets()
-    if assets is None:
-        if os.environ.get("HOOKLINE_REQUIRE_K8S") == "1":
-            pytest.fail(ADVICE)
-        pytest.skip(ADVICE)
+    assets = require_assets()
     with ApiServer(assets) as server:
         yield server
 

@@ -7,8 +7,6 @@ import asyncio
 import base64
 import json
 import re
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from operator_access import (
 
 from hookline.core.embedded import free_port
 from support.inbox import insert_events
+from support.kube import eventually, kget
 from support.processes import ServiceProcess
 
 pytestmark = pytest.mark.k8s
@@ -257,25 +256,6 @@ def test_watch_namespaces_grant_exactly_those(chart_apiserver: ApiServer) -> Non
 
 
 # -- the real operator, as its ServiceAccount ---------------------------------------------------
-
-
-def kget(api: ApiServer, namespace: str, *what: str) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(api.kubectl("get", "-n", namespace, *what, "-o", "json").stdout)
-    return result
-
-
-def eventually(check: Callable[[], Any], what: str, timeout: float = 45.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except Exception as exc:  # not there yet
-            last = exc
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}: last {last!r}")
 
 
 def ready(obj: dict[str, Any]) -> bool:

@@ -7,7 +7,6 @@ Every test in this folder is marked `k8s`, so `pytest -m "not k8s"` leaves them 
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import uuid
@@ -21,13 +20,9 @@ REPO = HERE.parents[1]
 # tests/ is not a package; make tests/envtest/apiserver.py importable from here.
 sys.path.insert(0, str(REPO / "tests" / "envtest"))
 
-from apiserver import ApiServer, find_assets  # noqa: E402
+from apiserver import ApiServer  # noqa: E402
 
-ADVICE = (
-    "no kube-apiserver/etcd/kubectl found: run `make envtest` (tests/envtest/build.sh) to build "
-    "kube-apiserver/etcd/kubectl once (cached in ~/.cache/hookline/envtest), "
-    "or point KUBEBUILDER_ASSETS at them"
-)
+from support.kube import require_assets  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,11 +34,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def apiserver() -> Iterator[ApiServer]:
-    assets = find_assets()
-    if assets is None:
-        if os.environ.get("HOOKLINE_REQUIRE_K8S") == "1":
-            pytest.fail(ADVICE)
-        pytest.skip(ADVICE)
+    assets = require_assets()
     with ApiServer(assets) as server:
         # Server-side apply: client-side apply stores the whole CRD in an annotation, and
         # schemas with descriptions outgrow its 256 KiB limit.

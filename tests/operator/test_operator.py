@@ -7,7 +7,7 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from hookline.core import migrations
 from hookline.core.embedded import EmbeddedPostgres, free_port
 from support import senders
 from support.inbox import insert_events
+from support.kube import eventually, kget
 from support.processes import ServiceProcess, receiver
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -42,25 +43,11 @@ def operator(apiserver: ApiServer, namespace: str, database_url: str, log_dir: P
 
 
 def get(apiserver: ApiServer, namespace: str, *what: str) -> dict[str, Any]:
-    return json.loads(apiserver.kubectl("get", "-n", namespace, *what, "-o", "json").stdout)
+    return kget(apiserver, namespace, *what)
 
 
 def apply(apiserver: ApiServer, namespace: str, manifest: str) -> None:
     apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
-
-
-def eventually(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except Exception as exc:  # not there yet
-            last = exc
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what or check}: last {last!r}")
 
 
 def condition(obj: dict[str, Any], type: str) -> dict[str, Any]:

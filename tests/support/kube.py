@@ -1,0 +1,53 @@
+"""Helpers for tests against the real kube-apiserver (tests/envtest)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# tests/envtest is not a package; make its apiserver module importable.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envtest"))
+
+from apiserver import ApiServer, find_assets
+
+ADVICE = (
+    "no kube-apiserver/etcd/kubectl found: run `make envtest` to build them once "
+    "(cached in ~/.cache/hookline/envtest), or point KUBEBUILDER_ASSETS at them"
+)
+
+
+def require_assets() -> Path:
+    """The envtest binaries; without them the test is skipped, or fails when HOOKLINE_REQUIRE_K8S=1."""
+    assets = find_assets()
+    if assets is None:
+        if os.environ.get("HOOKLINE_REQUIRE_K8S") == "1":
+            pytest.fail(ADVICE)
+        pytest.skip(ADVICE)
+    return assets
+
+
+def kget(api: ApiServer, namespace: str, *what: str) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(api.kubectl("get", "-n", namespace, *what, "-o", "json").stdout)
+    return result
+
+
+def eventually(check: Callable[[], Any], what: str = "", timeout: float = 45.0) -> Any:
+    """Poll ``check`` until it returns something truthy; exceptions count as 'not yet'."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except Exception as exc:
+            last = exc
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what or check}: last {last!r}")
