@@ -85,24 +85,19 @@ def _event(body: kopf.Body, reason: str, message: str, warning: bool = False) ->
 # --- the signing secret ------------------------------------------------------------------------
 
 
-async def ensure_secret(body: kopf.Body, name: str, namespace: str, spec: dict[str, Any]
-                        ) -> tuple[bool, str, str, dict[str, str]]:
-    """(ready, reason, message, secret data). Creates an owned Secret when none exists."""
-    scheme = (spec.get("signature") or {}).get("scheme", "")
-    if scheme == "none":
-        return True, "NotRequired", "scheme none needs no secret", {}
+async def ensure_secret(body: kopf.Body, name: str, namespace: str, spec: dict[str, Any]) -> SecretState:
+    """The signing secret, created (owned by the resource) when it does not exist."""
+    state = await observe_secret(namespace, name, spec)
+    if state[1] != "SecretMissing":
+        return state
+    scheme = spec["signature"]["scheme"]
     secret_name, key = resources.secret_ref(name, spec)
-    data = await kube.read_secret(namespace, secret_name)
-    if data is None:
-        value = get_scheme(scheme).generate_secret()
-        manifest = resources.secret_manifest(name, secret_name, key, value)
-        kopf.adopt(manifest, owner=body)
-        await kube.create_secret(namespace, manifest)
-        _event(body, "SecretCreated", f"created Secret {secret_name} with a new {scheme} secret")
-        return True, "SecretCreated", f"Secret {secret_name} created", {key: value}
-    if not data.get(key):
-        return False, "SecretKeyMissing", f"Secret {secret_name} has no key {key!r}", data
-    return True, "SecretFound", f"using Secret {secret_name} key {key}", data
+    value = get_scheme(scheme).generate_secret()
+    manifest = resources.secret_manifest(name, secret_name, key, value)
+    kopf.adopt(manifest, owner=body)
+    await kube.create_secret(namespace, manifest)
+    _event(body, "SecretCreated", f"created Secret {secret_name} with a new {scheme} secret")
+    return True, "SecretCreated", f"Secret {secret_name} created", {key: value}
 
 
 async def rotate_secret(body: kopf.Body, name: str, namespace: str, spec: dict[str, Any], token: str) -> bool:
@@ -144,6 +139,43 @@ async def sync_provider(name: str, spec: dict[str, Any], data: dict[str, str]
     return provider, "Synced", f"provider {name} is in hookline.providers"
 
 
+SecretState = tuple[bool, str, str, dict[str, str]]  # ready, reason, message, data
+
+
+async def observe_secret(namespace: str, name: str, spec: dict[str, Any]) -> SecretState:
+    """The signing secret as it is now (reconcile creates it when missing; this only looks)."""
+    if (spec.get("signature") or {}).get("scheme") == "none":
+        return True, "NotRequired", "scheme none needs no secret", {}
+    secret_name, key = resources.secret_ref(name, spec)
+    data = await kube.read_secret(namespace, secret_name)
+    if data is None:
+        return False, "SecretMissing", f"Secret {secret_name} does not exist", {}
+    if not data.get(key):
+        return False, "SecretKeyMissing", f"Secret {secret_name} has no key {key!r}", data
+    return True, "SecretFound", f"using Secret {secret_name} key {key}", data
+
+
+async def sync_and_report(name: str, spec: dict[str, Any], secret: SecretState, conditions: list[dict[str, Any]],
+                          generation: int | None) -> tuple[Provider | None, list[dict[str, Any]]]:
+    """Sync the provider row and set SecretReady, Synced and Ready from what was observed."""
+    secret_ok, reason, message, data = secret
+    conditions = set_condition(conditions, "SecretReady", secret_ok, reason, message, generation)
+    provider = None
+    if secret_ok:
+        provider, reason, message = await sync_provider(name, spec, data)
+    else:
+        reason, message = "SecretNotReady", "waiting for the signing secret"
+    conditions = set_condition(conditions, "Synced", provider is not None, reason, message, generation)
+    ready = provider is not None
+    conditions = set_condition(conditions, "Ready", ready, "Reconciled" if ready else "NotReady",
+                               "provider is accepting and processing events" if ready else message, generation)
+    return provider, conditions
+
+
+def condition_message(conditions: list[dict[str, Any]], type: str) -> str:
+    return next((str(c.get("message", "")) for c in conditions if c.get("type") == type), "")
+
+
 async def handle_token(provider: str, kind: str, token: str, action: Any) -> tuple[dict[str, Any], bool]:
     """Run ``action(conn)`` once per (provider, kind, token), recorded in the same transaction.
 
@@ -177,16 +209,10 @@ async def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str 
     conditions: list[dict[str, Any]] = list(status.get("conditions") or [])
     spec_dict = dict(spec)
 
-    secret_ok, reason, message, data = await ensure_secret(body, name, namespace, spec_dict)
-    conditions = set_condition(conditions, "SecretReady", secret_ok, reason, message, generation)
-
-    synced, reason, message = (False, "SecretNotReady", "waiting for the secret")
-    if secret_ok:
-        provider, reason, message = await sync_provider(name, spec_dict, data)
-        synced = provider is not None
-        if not synced:
-            _event(body, "InvalidSpec", message, warning=True)
-    conditions = set_condition(conditions, "Synced", synced, reason, message, generation)
+    secret = await ensure_secret(body, name, namespace, spec_dict)
+    provider, conditions = await sync_and_report(name, spec_dict, secret, conditions, generation)
+    if secret[0] and provider is None:
+        _event(body, "InvalidSpec", condition_message(conditions, "Synced"), warning=True)
 
     deployment_name = resources.worker_name(name)
     existing = await kube.read_deployment(namespace, deployment_name)
@@ -202,9 +228,6 @@ async def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str 
         del manifest["spec"]["replicas"]
         await kube.patch_deployment(namespace, deployment_name, manifest)
 
-    ready = secret_ok and synced
-    conditions = set_condition(conditions, "Ready", ready, "Reconciled" if ready else "NotReady",
-                               "provider is accepting and processing events" if ready else message, generation)
     patch.status["conditions"] = conditions
     patch.status["observedGeneration"] = generation
 
@@ -267,11 +290,11 @@ async def _refresh(body: kopf.Body, spec: dict[str, Any], name: str, namespace: 
         result, _fresh = await handle_token(name, "rotate-secret", token, record)
         patch.status["rotation"] = {"lastHandledToken": token, "at": result["at"]}
 
-    # Level-based re-sync: rotated or expired secrets, or a row removed by hand, converge here.
-    data: dict[str, str] = {}
-    if spec.get("signature", {}).get("scheme") != "none":
-        data = await kube.read_secret(namespace, resources.secret_ref(name, spec)[0]) or {}
-    provider, _reason, _message = await sync_provider(name, spec, data)
+    # Level-based re-sync: rotated or expired secrets, or a row removed by hand, converge here;
+    # and the readiness conditions are recomputed from what is observed, so a status write that
+    # raced with reconcile's is repaired on the next tick.
+    provider, conditions = await sync_and_report(name, spec, await observe_secret(namespace, name, spec),
+                                                 conditions, generation)
 
     # Expired leases back to pending, the attempt counted.
     swept = await sweep_once(STATE.pool, {name: provider.retry if provider else RetryPolicy()}, partition=name)
