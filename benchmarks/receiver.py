@@ -75,6 +75,8 @@ async def main() -> None:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--events", type=int, default=200_000, help="pre-signed events prepared")
+    parser.add_argument("--processes", type=int, default=2,
+                        help="receiver processes sharing the port (default 2: one per core here)")
     parser.add_argument("--receiver-args", default="", help="extra flags for `hookline receiver`")
     args = parser.parse_args()
 
@@ -88,7 +90,8 @@ async def main() -> None:
         await apply_providers(conn, PROVIDER)
         await conn.close()
         port = free_port()
-        receiver_args = ["receiver", "--host", "127.0.0.1", "--port", str(port), *args.receiver_args.split()]
+        receiver_args = ["receiver", "--host", "127.0.0.1", "--port", str(port), "--processes",
+                         str(args.processes), *args.receiver_args.split()]
         proc = start_service(receiver_args, url, port)
         try:
             requests = build_requests(args.events, port)
@@ -106,7 +109,8 @@ async def main() -> None:
             "ON CONFLICT (provider, event_id) DO NOTHING;\n"
         )
         ceiling = await asyncio.to_thread(pgbench, url, script, clients=args.connections, seconds=args.seconds)
-        print(f"receiver: {rate:,.0f} accepted/s over {args.seconds}s at {args.connections} connections "
+        print(f"receiver ({args.processes} process(es)): {rate:,.0f} accepted/s over {args.seconds}s at "
+              f"{args.connections} connections "
               f"({errors} non-200), latency p50 {percentile(latencies, 50) * 1000:.1f} ms, "
               f"p99 {percentile(latencies, 99) * 1000:.1f} ms")
         print(f"ceiling:  {ceiling:,.0f} single-row INSERT ... ON CONFLICT DO NOTHING tx/s (pgbench, "

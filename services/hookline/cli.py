@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-window-ms", type=float, default=1.0,
                    help="how long a batch waits for more events (default 1 ms)")
     p.add_argument("--db-connections", type=int, default=4, help="connections writing batches in parallel")
+    p.add_argument("--processes", type=int, default=1,
+                   help="processes sharing the port, one per core you want to use (default 1; on Kubernetes "
+                   "scale replicas instead)")
     _add_common(p)
 
     p = sub.add_parser("worker", help="claim and process inbox events",
@@ -202,6 +205,11 @@ def main(argv: list[str] | None = None) -> None:
         except ConfigError as exc:
             print(f"hookline: {exc}", file=sys.stderr)
             sys.exit(2)
+    if args.command == "receiver" and args.processes > 1:
+        from hookline.core.supervise import run_children
+
+        argv = sys.argv[1:] if argv is None else argv
+        sys.exit(run_children([*argv, "--processes", "1"], args.processes))
     from hookline import commands
 
     handler = {

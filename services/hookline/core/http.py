@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -56,7 +57,10 @@ def ops_app(pool: asyncpg.Pool) -> web.Application:
 async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True, backlog=1024)
+    # With several processes on one port (hookline receiver --processes N) the kernel spreads
+    # connections over them (SO_REUSEPORT); a lone process keeps the port to itself.
+    reuse_port = os.environ.get("HOOKLINE_REUSE_PORT") == "1"
+    site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port, backlog=1024)
     await site.start()
     return runner
 
