@@ -55,6 +55,11 @@ class Batcher(Generic[T, R]):
                 await task
         self._tasks = []
 
+    @property
+    def queued(self) -> int:
+        """Items submitted and not yet written."""
+        return self._queue.qsize()
+
     async def submit(self, item: T) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((item, future))

@@ -317,7 +317,6 @@ class ProviderRegistry:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.loaded = asyncio.Event()
-        self.version = 0  # bumps on every reload; lets consumers cache derived data
 
     def get(self, name: str) -> Provider | None:
         return self._providers.get(name)
@@ -327,7 +326,6 @@ class ProviderRegistry:
 
     async def reload(self) -> None:
         self._providers = await load_all(self._pool)
-        self.version += 1
         self.loaded.set()
 
     async def start(self) -> None:

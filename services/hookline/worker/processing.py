@@ -91,11 +91,13 @@ def find_transition(provider: Provider, event_type: str | None) -> Transition | 
 
 class Processor:
     def __init__(self, pool: asyncpg.Pool, session: aiohttp.ClientSession, worker_id: str,
-                 complete_later: Callable[[int, int], Awaitable[bool]]) -> None:
+                 complete_later: Callable[[int, int], Awaitable[bool]],
+                 effect_done: Callable[[int], None] = lambda _id: None) -> None:
         self.pool = pool
         self.session = session
         self.worker_id = worker_id
         self._complete_later = complete_later
+        self._effect_done = effect_done
 
     async def process(self, event: Event, provider: Provider, deferred_since: float | None) -> Result:
         started = time.perf_counter()
@@ -110,6 +112,7 @@ class Processor:
                 result = await self._in_transaction(event, provider, None, None)
             else:
                 await self._effect(event, provider, None)
+                self._effect_done(event.id)
                 result = Result.DONE if await self._complete_later(event.id, event.attempts) else Result.LOST
         except LeaseLost:
             result = Result.LOST

@@ -46,6 +46,10 @@ class BatchCompleter:
     async def stop(self) -> None:
         await self._batcher.stop()
 
+    @property
+    def backlog(self) -> int:
+        return self._batcher.queued
+
     async def complete(self, id: int, attempts: int) -> bool:
         """True when the event is now done; False when its lease had been lost."""
         return await self._batcher.submit((id, attempts))
@@ -66,8 +70,13 @@ class Worker(LeasedConsumer):
         self.only = providers or None
         self.completer = BatchCompleter(pool, self.worker_id, lambda: len(self.in_flight))
         self.session = delivery.create_session(allow_private_networks=True, connections=concurrency)
-        self.processor = Processor(pool, self.session, self.worker_id, self.completer.complete)
+        self.processor = Processor(pool, self.session, self.worker_id, self.completer.complete, self._effect_done)
         self._rotation = 0
+
+    def _effect_done(self, id: int) -> None:
+        # Bounded: while many completions are still unwritten (Postgres slow), keep the slot.
+        if self.completer.backlog < self.concurrency:
+            self.free_slot(id)
 
     def providers(self) -> list[Provider]:
         known = self.registry.all()
