@@ -35,6 +35,17 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR")
 
 
+def _add_consumer_flags(p: argparse.ArgumentParser, what: str, port: int) -> None:
+    """The flags the worker and the relay share (they share the consumer loop too)."""
+    p.add_argument("--poll-interval", type=float, default=1.0,
+                   help="seconds between looks when idle and no NOTIFY arrives (default 1)")
+    p.add_argument("--grace-period", type=float, default=25.0,
+                   help=f"seconds in-flight {what} get to finish on SIGTERM (default 25)")
+    p.add_argument("--host", default="0.0.0.0", help="address for /healthz, /readyz, /metrics")
+    p.add_argument("--port", type=int, default=port, help=f"port for /healthz, /readyz, /metrics (default {port})")
+    _add_common(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hookline",
@@ -79,13 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=16, help="events processed at once (default 16)")
     p.add_argument("--sweep", action="store_true",
                    help="also return expired leases to pending (run it in at least one worker, or the operator)")
-    p.add_argument("--poll-interval", type=float, default=1.0,
-                   help="seconds between looks when idle and no NOTIFY arrives (default 1)")
-    p.add_argument("--grace-period", type=float, default=25.0,
-                   help="seconds in-flight events get to finish on SIGTERM (default 25)")
-    p.add_argument("--host", default="0.0.0.0", help="address for /healthz, /readyz, /metrics")
-    p.add_argument("--port", type=int, default=8081, help="port for /healthz, /readyz, /metrics (default 8081)")
-    _add_common(p)
+    _add_consumer_flags(p, "events", port=8081)
 
     p = sub.add_parser("dlq", help="inspect and requeue dead events")
     dsub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -114,13 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-interval", type=float, default=30.0,
                    help="seconds between probes while a circuit is open (default 30)")
     p.add_argument("--lease-seconds", type=float, default=60.0, help="delivery lease, renewed while in flight")
-    p.add_argument("--poll-interval", type=float, default=1.0,
-                   help="seconds between looks when idle and no NOTIFY arrives (default 1)")
-    p.add_argument("--grace-period", type=float, default=25.0,
-                   help="seconds in-flight deliveries get to finish on SIGTERM (default 25)")
-    p.add_argument("--host", default="0.0.0.0", help="address for /healthz, /readyz, /metrics")
-    p.add_argument("--port", type=int, default=8082, help="port for /healthz, /readyz, /metrics (default 8082)")
-    _add_common(p)
+    _add_consumer_flags(p, "deliveries", port=8082)
 
     p = sub.add_parser("endpoints", help="manage outbox endpoints (where the relay delivers)")
     esub = p.add_subparsers(dest="action", metavar="ACTION", required=True)

@@ -85,11 +85,13 @@ class Queue:
         self.table = table
         self.partition = partition
         self.order_key = order_key
-        self._sql = {
-            name: sql.format(table=table, partition=partition, order_key=order_key)
-            for name, sql in _templates().items()
-            if order_key is not None or "{order_key}" not in sql
-        }
+        names = {"table": table, "partition": partition, "order_key": order_key}
+        templates = dict(_templates())
+        ordered_filter = templates.pop("ordered_claim_filter")
+        self._sql = {name: sql.format(**names, claim_filter="") for name, sql in templates.items()}
+        if order_key is not None:
+            self._sql["claim_ordered"] = templates["claim"].format(
+                **names, claim_filter=ordered_filter.format(**names))
 
     def sql(self, name: str) -> str:
         return self._sql[name]

@@ -10,37 +10,11 @@
 -- One statement claims a batch: the CTE picks the oldest due rows of one
 -- partition through the partial "claimable" index, skipping rows another worker
 -- has locked this instant, and the UPDATE leases them to this worker.
-WITH picked AS (
-    SELECT id FROM {table}
-    WHERE status = 'pending' AND {partition} = $1 AND next_attempt_at <= now()
-    ORDER BY next_attempt_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE {table} AS t
-SET status = 'processing',
-    attempts = t.attempts + 1,
-    locked_by = $3,
-    lease_expires_at = now() + make_interval(secs => $4)
-FROM picked
-WHERE t.id = picked.id
-RETURNING t.*;
-
--- name: claim_ordered
--- The claim for queues delivered in order per key (ordered outbox endpoints,
--- key = aggregate): a row is claimable only while no older row of the same
--- partition and key is unfinished, so row n+1 is never sent before row n is done
--- or dead, and other keys are not held up. Rows without a key are unordered.
--- Two claimers racing see at worst the older row still unfinished (a snapshot
--- can be behind, never ahead), so the check can only make a claim wait, not
--- reorder. The NOT EXISTS is one probe into a partial index per candidate.
+-- Ordered queues add the ordered_claim_filter below to the WHERE clause.
 WITH picked AS (
     SELECT c.id FROM {table} AS c
     WHERE c.status = 'pending' AND c.{partition} = $1 AND c.next_attempt_at <= now()
-      AND (c.{order_key} IS NULL OR NOT EXISTS (
-          SELECT 1 FROM {table} AS older
-          WHERE older.{partition} = c.{partition} AND older.{order_key} = c.{order_key} AND older.id < c.id
-            AND older.status IN ('pending', 'processing', 'parked')))
+      {claim_filter}
     ORDER BY c.next_attempt_at, c.id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -53,6 +27,19 @@ SET status = 'processing',
 FROM picked
 WHERE t.id = picked.id
 RETURNING t.*;
+
+-- name: ordered_claim_filter
+-- For queues delivered in order per key (ordered outbox endpoints, key =
+-- aggregate): a row is claimable only while no older row of the same partition
+-- and key is unfinished, so row n+1 is never sent before row n is done or dead,
+-- and other keys are not held up. Rows without a key are unordered. Two claimers
+-- racing see at worst the older row still unfinished (a snapshot can be behind,
+-- never ahead), so the check can only make a claim wait, not reorder. The NOT
+-- EXISTS is one probe into a partial index per candidate.
+AND (c.{order_key} IS NULL OR NOT EXISTS (
+    SELECT 1 FROM {table} AS older
+    WHERE older.{partition} = c.{partition} AND older.{order_key} = c.{order_key} AND older.id < c.id
+      AND older.status IN ('pending', 'processing', 'parked')))
 
 -- name: extend_leases
 -- Heartbeat: extend this worker's leases and return the ids it has LOST (taken
