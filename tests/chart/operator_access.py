@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 from apiserver import ApiServer
 from chartkit import MINIMAL, Rendered, render
@@ -49,20 +50,18 @@ def service_account_kubeconfig(
     return path
 
 
+def apply_objects(api: ApiServer, objects: list[dict[str, Any]]) -> None:
+    """Server-side apply, as Helm 4 does: the API server validates and defaults every field."""
+    api.kubectl("apply", "--server-side", "--field-manager=helm", "-f", "-",
+                input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+
+
 def install_operator_rbac(api: ApiServer, namespace: str, *, release: str = "hookline") -> Rendered:
     """Install the chart's operator ServiceAccount, Roles and bindings (and the CRD) for a release in
     `namespace`, exactly as rendered by Helm with default values; returns the whole rendering."""
     rendered = render(MINIMAL, release=release, namespace=namespace)
     wanted = {"CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
-    objects = [o for _, o in rendered.objects if o["kind"] in wanted]
-    api.kubectl(
-        "apply",
-        "--server-side",
-        "--field-manager=helm",
-        "-f",
-        "-",
-        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}),
-    )
+    apply_objects(api, [o for _, o in rendered.objects if o["kind"] in wanted])
     api.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/webhookproviders.hookline.io")
     return rendered
 

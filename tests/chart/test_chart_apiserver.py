@@ -15,6 +15,7 @@ import pytest
 from apiserver import ApiServer
 from chartkit import EXAMPLES, Obj, Rendered, render_default, render_dev, render_production
 from operator_access import (
+    apply_objects,
     create_namespace,
     ensure_namespace,
     install_operator_rbac,
@@ -32,26 +33,14 @@ pytestmark = pytest.mark.k8s
 OPERATOR_SA = "hookline-operator"
 
 
-def apply(api: ApiServer, objects: list[Obj]) -> None:
-    """Server-side apply, as Helm 4 does: the API server validates and defaults every field."""
-    api.kubectl(
-        "apply",
-        "--server-side",
-        "--field-manager=helm",
-        "-f",
-        "-",
-        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}),
-    )
-
-
 def install(api: ApiServer, rendered: Rendered) -> None:
     objects = [o for _, o in rendered.objects]
     # The CRD first and Established, as Helm orders it; then everything else in one request.
     crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
     if crds:
-        apply(api, crds)
+        apply_objects(api, crds)
         api.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/webhookproviders.hookline.io")
-    apply(api, [o for o in objects if o["kind"] != "CustomResourceDefinition"])
+    apply_objects(api, [o for o in objects if o["kind"] != "CustomResourceDefinition"])
 
 
 def resource_of(obj: Obj) -> str:
@@ -247,7 +236,8 @@ def test_watch_namespaces_grant_exactly_those(chart_apiserver: ApiServer) -> Non
     for ns in ("hookline", "payments"):
         ensure_namespace(chart_apiserver, ns)
     rendered = render_production(namespace=namespace)
-    apply(chart_apiserver, [o for _, o in rendered.objects if o["kind"] in ("ServiceAccount", "Role", "RoleBinding")])
+    rbac = [o for _, o in rendered.objects if o["kind"] in ("ServiceAccount", "Role", "RoleBinding")]
+    apply_objects(chart_apiserver, rbac)
     who = f"system:serviceaccount:{namespace}:{OPERATOR_SA}"
     for ns in ("hookline", "payments"):
         assert can_i(chart_apiserver, who, "create", "secrets", ns)
