@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from hookline.core import db, migrations, providers
+from hookline.core import db, migrations, pools, providers
 from hookline.core.http import run_until_stopped
 from hookline.core.providers import SpecError
 from hookline.core.signatures import get_scheme
@@ -98,7 +98,11 @@ async def providers_cmd(args: argparse.Namespace) -> int:
                 print(f"{row['name']:<24} {spec.get('signature', {}).get('scheme', '?'):<18} "
                       f"{target:<40} {len(providers.active_secrets(row['secrets']))}")
         elif args.action == "delete":
-            if not await providers.delete(conn, args.name):
+            try:
+                deleted = await providers.delete(conn, args.name)
+            except SpecError as exc:
+                return _fail(str(exc))
+            if not deleted:
                 return _fail(f"no provider named {args.name!r}")
             print(f"provider/{args.name} deleted (its stored events are kept)")
     finally:
@@ -110,7 +114,8 @@ async def receiver(args: argparse.Namespace) -> int:
     from hookline.core.providers import ProviderRegistry
     from hookline.receiver.app import Receiver
 
-    pool = await db.create_pool(min_size=args.db_connections + 2, max_size=args.db_connections + 2, lean=True)
+    size = pools.receiver(args.db_connections)
+    pool = await db.create_pool(min_size=size, max_size=size, lean=True)
     registry = ProviderRegistry(pool)
     await registry.start()
     service = Receiver(pool, registry, args.host, args.port, max_batch=args.max_batch,
@@ -133,8 +138,9 @@ async def worker(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1:
         return _fail("--concurrency must be at least 1")
-    # Every connection is opened up front: no ramp-up of connects and type look-ups under load.
-    pool = await db.create_pool(min_size=args.concurrency + 4, max_size=args.concurrency + 4, lean=True)
+    # Connections open as load asks for them (an idle provider's workers hold two), up to the size
+    # the operator's connection budget counts per worker pod.
+    pool = await db.create_pool(min_size=2, max_size=pools.worker(args.concurrency), lean=True)
     registry = ProviderRegistry(pool)
     await registry.start()
     unknown = [n for n in args.providers or [] if registry.get(n) is None]
@@ -207,7 +213,7 @@ async def relay(args: argparse.Namespace) -> int:
     if args.concurrency < 1:
         return _fail("--concurrency must be at least 1")
     allow_private = args.allow_private_networks or env_flag("HOOKLINE_ALLOW_PRIVATE_NETWORKS")
-    pool = await db.create_pool(max_size=min(args.concurrency, 16) + 4)
+    pool = await db.create_pool(max_size=pools.relay(args.concurrency))
     service = Relay(pool, concurrency=args.concurrency, allow_private_networks=allow_private,
                     host=args.host, port=args.port, poll_interval=args.poll_interval,
                     lease_seconds=args.lease_seconds, grace_period=args.grace_period,

@@ -197,7 +197,9 @@ def test_operator_runs_alone_and_knows_its_namespaces() -> None:
     assert args[:2] == ["operator", "--liveness=http://0.0.0.0:8080/healthz"]
     assert [a for a in args if a.startswith("--namespace")] == [f"--namespace={NAMESPACE}"]
     env = {e["name"]: e for e in container["env"]}
-    assert env["HOOKLINE_WORKER_IMAGE"]["value"] == "ghcr.io/hookline/hookline:0.1.0"
+    assert env["HOOKLINE_WORKER_TEMPLATE"]["value"] == "/etc/hookline/worker-template/template.yaml"
+    # The database Secret is read in the release namespace only; workers get their namespace's own role.
+    assert not [e for e in env if "DATABASE_SECRET" in e]
     assert "HOOKLINE_DATABASE_URL" in env
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 

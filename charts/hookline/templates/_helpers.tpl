@@ -195,3 +195,109 @@ imagePullSecrets:
   resources: [events]
   verbs: [create, patch]
 {{- end }}
+
+{{/* The worker image: worker.image, else the chart's image. */}}
+{{- define "hookline.workerImage" -}}
+{{- default (include "hookline.image" .) .Values.worker.image }}
+{{- end }}
+
+{{/* The worker pod template the operator reads (templates/worker-template.yaml): `concurrency` and
+a PodTemplateSpec whose container `worker` the operator completes with its command, probes, ports and
+the namespace's database Secret. */}}
+{{- define "hookline.workerTemplate" -}}
+{{- $w := .Values.worker -}}
+concurrency: {{ int $w.concurrency }}
+pod:
+  metadata:
+    labels:
+      {{- include "hookline.labels" . | nindent 6 }}
+      {{- with $w.podLabels }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+    {{- $annotations := merge (dict) ($w.podAnnotations | default dict) }}
+    {{- if .Values.metrics.scrapeAnnotations }}
+    {{- $_ := set $annotations "prometheus.io/scrape" "true" }}
+    {{- $_ := set $annotations "prometheus.io/port" "8081" }}
+    {{- $_ := set $annotations "prometheus.io/path" "/metrics" }}
+    {{- end }}
+    annotations:
+      {{- toYaml $annotations | nindent 6 }}
+  spec:
+    {{- with $w.serviceAccountName }}
+    serviceAccountName: {{ . }}
+    {{- end }}
+    {{- with $w.priorityClassName }}
+    priorityClassName: {{ . }}
+    {{- end }}
+    securityContext:
+      {{- toYaml (default .Values.podSecurityContext $w.podSecurityContext) | nindent 6 }}
+    {{- with (default .Values.imagePullSecrets $w.imagePullSecrets) }}
+    imagePullSecrets:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with $w.nodeSelector }}
+    nodeSelector:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with $w.tolerations }}
+    tolerations:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with $w.affinity }}
+    affinity:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with $w.topologySpreadConstraints }}
+    topologySpreadConstraints:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    containers:
+      - name: worker
+        image: {{ include "hookline.workerImage" . }}
+        imagePullPolicy: {{ default .Values.image.pullPolicy $w.pullPolicy }}
+        resources:
+          {{- toYaml $w.resources | nindent 10 }}
+        securityContext:
+          {{- toYaml (default .Values.containerSecurityContext $w.containerSecurityContext) | nindent 10 }}
+        env:
+          - name: HOOKLINE_LOG_FORMAT
+            value: {{ .Values.logFormat | quote }}
+          - name: HOOKLINE_LOG_LEVEL
+            value: {{ .Values.logLevel | quote }}
+          {{- with $w.extraEnv }}
+          {{- toYaml . | nindent 10 }}
+          {{- end }}
+        {{- with $w.extraEnvFrom }}
+        envFrom:
+          {{- toYaml . | nindent 10 }}
+        {{- end }}
+{{- end }}
+
+{{/* Connections the fixed part of a release may hold at once (database.maxConnections explains the
+sum); tests/chart checks it against hookline.core.pools, where the services size their pools. */}}
+{{- define "hookline.fixedConnections" -}}
+{{- $r := .Values.receiver -}}
+{{- $receiverPods := add1 (int (ternary $r.autoscaling.maxReplicas $r.replicas $r.autoscaling.enabled)) -}}
+{{- $total := mul $receiverPods (add (int $r.dbConnections) 2) -}}
+{{- if .Values.relay.enabled }}
+{{- $total = add $total (mul (add1 (int .Values.relay.replicas)) (add (min (int .Values.relay.concurrency) 16) 4)) -}}
+{{- end }}
+{{- if .Values.operator.enabled }}
+{{- $total = add $total 5 -}}
+{{- end }}
+{{- if .Values.migrate.enabled }}
+{{- $total = add $total 1 -}}
+{{- end }}
+{{- $total -}}
+{{- end }}
+
+{{/* What database.maxConnections leaves for the workers; fails when that is not one worker pod. */}}
+{{- define "hookline.workerConnectionBudget" -}}
+{{- $max := int .Values.database.maxConnections -}}
+{{- $fixed := int (include "hookline.fixedConnections" .) -}}
+{{- $perWorker := add (int .Values.worker.concurrency) 4 -}}
+{{- if lt (sub $max $fixed) $perWorker }}
+{{- fail (printf "database.maxConnections=%d leaves no room for a worker pod: receiver, relay, operator and migrations may hold %d connections, and one worker pod needs %d (worker.concurrency + 4); raise database.maxConnections or lower the replicas or pool sizes" $max $fixed $perWorker) }}
+{{- end }}
+{{- sub $max $fixed -}}
+{{- end }}

@@ -1,0 +1,25 @@
+"""How many Postgres connections each Hookline process may hold: one source for the services that size
+their pools, the operator's connection budget, and the chart's arithmetic (tests/chart checks it)."""
+
+from __future__ import annotations
+
+# Connections beyond the receiver's batch writers: the provider registry's LISTEN and /readyz.
+RECEIVER_EXTRA = 2
+# The relay's pool: its claim/complete loops and maintenance need few more than 16 however many
+# deliveries are in flight (those wait on HTTP, not on Postgres).
+RELAY_CAP, RELAY_EXTRA = 16, 4
+# Beyond the worker's concurrency: completer, heartbeat, LISTEN, stats and the registry.
+WORKER_EXTRA = 4
+OPERATOR = 5
+
+
+def receiver(db_connections: int) -> int:
+    return db_connections + RECEIVER_EXTRA
+
+
+def relay(concurrency: int) -> int:
+    return min(concurrency, RELAY_CAP) + RELAY_EXTRA
+
+
+def worker(concurrency: int) -> int:
+    return concurrency + WORKER_EXTRA

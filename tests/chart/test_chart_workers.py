@@ -1,0 +1,203 @@
+"""What the chart tells the operator about worker pods: the worker template ConfigMap (values
+`worker.*`), the connection budget (database.maxConnections) and the handler modules per namespace."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from chartkit import MINIMAL, Obj, Rendered, deep_merge, render, render_default, validate_values
+from test_chart_render import K8S_VERSION
+
+from hookline.core import pools
+
+TEMPLATE_CONFIGMAP = "hookline-worker-template"
+
+WORKER_VALUES: Obj = {
+    "image": "registry.example/hookline-worker:1.2.3",
+    "pullPolicy": "Always",
+    "imagePullSecrets": [{"name": "regcred"}],
+    "concurrency": 24,
+    "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}},
+    "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 20000, "seccompProfile": {"type": "RuntimeDefault"}},
+    "containerSecurityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                 "capabilities": {"drop": ["ALL"]}},
+    "serviceAccountName": "hookline-worker",
+    "priorityClassName": "webhooks",
+    "nodeSelector": {"pool": "workers"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "workers", "effect": "NoSchedule"}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}]}}},
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}],
+    "extraEnv": [{"name": "TEAM_SETTING", "value": "on"}],
+    "extraEnvFrom": [{"configMapRef": {"name": "handler-config"}}],
+    "podAnnotations": {"example.com/owner": "platform"},
+    "podLabels": {"cost-center": "webhooks"},
+}
+
+
+def worker_template(rendered: Rendered) -> Obj:
+    configmap = rendered.one("ConfigMap", TEMPLATE_CONFIGMAP)
+    template: Obj = yaml.safe_load(configmap["data"]["template.yaml"])
+    return template
+
+
+def operator_pod(rendered: Rendered) -> Obj:
+    pod: Obj = rendered.one("Deployment", "hookline-operator")["spec"]["template"]
+    return pod
+
+
+def operator_env(rendered: Rendered) -> dict[str, Any]:
+    container = operator_pod(rendered)["spec"]["containers"][0]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+def test_default_template_follows_the_chart_wide_values() -> None:
+    rendered = render_default()
+    template = worker_template(rendered)
+    assert template["concurrency"] == 16
+    spec = template["pod"]["spec"]
+    container = spec["containers"][0]
+    assert container["name"] == "worker"
+    assert container["image"] == "ghcr.io/hookline/hookline:0.1.0"
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    assert spec["securityContext"]["runAsUser"] == 10001
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"HOOKLINE_LOG_FORMAT", "HOOKLINE_LOG_LEVEL"} <= {e["name"] for e in container["env"]}
+    # Never the database URL: the operator adds the namespace's own credential.
+    assert "HOOKLINE_DATABASE_URL" not in json.dumps(template)
+    assert template["pod"]["metadata"]["annotations"]["prometheus.io/port"] == "8081"
+
+
+def test_every_worker_value_reaches_the_template() -> None:
+    rendered = render(deep_merge(MINIMAL, {"worker": WORKER_VALUES}))
+    template = worker_template(rendered)
+    spec = template["pod"]["spec"]
+    container = spec["containers"][0]
+    assert template["concurrency"] == 24
+    assert container["image"] == WORKER_VALUES["image"]
+    assert container["imagePullPolicy"] == "Always"
+    assert container["resources"] == WORKER_VALUES["resources"]
+    assert container["securityContext"] == WORKER_VALUES["containerSecurityContext"]
+    assert container["envFrom"] == WORKER_VALUES["extraEnvFrom"]
+    assert {"name": "TEAM_SETTING", "value": "on"} in container["env"]
+    assert spec["securityContext"] == WORKER_VALUES["podSecurityContext"]
+    for key in ("imagePullSecrets", "serviceAccountName", "priorityClassName", "nodeSelector", "tolerations",
+                "affinity", "topologySpreadConstraints"):
+        assert spec[key] == WORKER_VALUES[key], key
+    assert template["pod"]["metadata"]["annotations"]["example.com/owner"] == "platform"
+    assert template["pod"]["metadata"]["labels"]["cost-center"] == "webhooks"
+
+
+def test_worker_image_defaults_to_the_chart_image_and_its_digest() -> None:
+    digest = "sha256:" + "a" * 64
+    rendered = render(deep_merge(MINIMAL, {"image": {"digest": digest}, "imagePullSecrets": [{"name": "shared"}]}))
+    spec = worker_template(rendered)["pod"]["spec"]
+    assert spec["containers"][0]["image"] == f"ghcr.io/hookline/hookline@{digest}"
+    assert spec["imagePullSecrets"] == [{"name": "shared"}]
+
+
+@pytest.mark.parametrize("worker", [{}, WORKER_VALUES], ids=["default", "everything-set"])
+def test_template_is_a_valid_pod_template(worker: Obj) -> None:
+    template = worker_template(render(deep_merge(MINIMAL, {"worker": worker})))
+    pod = template["pod"]
+    labels = {"app": "w"}
+    pod["metadata"]["labels"].update(labels)
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "w", "namespace": "n"},
+                  "spec": {"selector": {"matchLabels": labels}, "template": pod}}
+    # strict: a misspelt field in the template is an error here, before any operator reads it.
+    kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+def test_the_operator_mounts_the_template_and_restarts_when_it_changes() -> None:
+    default = render_default()
+    pod = operator_pod(default)
+    mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "worker-template")
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "worker-template")
+    assert volume["configMap"]["name"] == TEMPLATE_CONFIGMAP
+    assert operator_env(default)["HOOKLINE_WORKER_TEMPLATE"] == f"{mount['mountPath']}/template.yaml"
+    changed = render(deep_merge(MINIMAL, {"worker": {"nodeSelector": {"pool": "other"}}}))
+    checksum = "checksum/worker-template"
+    assert pod["metadata"]["annotations"][checksum] != operator_pod(changed)["metadata"]["annotations"][checksum]
+    assert render_default().one("ConfigMap", TEMPLATE_CONFIGMAP) == default.one("ConfigMap", TEMPLATE_CONFIGMAP)
+
+
+def test_no_template_without_the_operator() -> None:
+    assert not render(deep_merge(MINIMAL, {"operator": {"enabled": False}})).find("ConfigMap", TEMPLATE_CONFIGMAP)
+
+
+# -- the connection budget ---------------------------------------------------------------------
+
+
+def fixed_connections(values: Obj) -> int:
+    """database.maxConnections' documented sum, from the pool sizes the services really use."""
+    receiver, relay = values.get("receiver", {}), values.get("relay", {})
+    autoscaling = receiver.get("autoscaling", {})
+    receiver_pods = (autoscaling.get("maxReplicas", 10) if autoscaling.get("enabled") else receiver.get("replicas", 2))
+    total = (receiver_pods + 1) * pools.receiver(receiver.get("dbConnections", 4))
+    total += (relay.get("replicas", 1) + 1) * pools.relay(relay.get("concurrency", 64))
+    return total + pools.OPERATOR + 1  # + the migration Job's one connection
+
+
+@pytest.mark.parametrize("values", [
+    {},
+    {"receiver": {"replicas": 4, "dbConnections": 8}, "relay": {"replicas": 2, "concurrency": 8}},
+    {"receiver": {"autoscaling": {"enabled": True, "maxReplicas": 6}}, "relay": {"concurrency": 200}},
+], ids=["default", "sized", "autoscaled"])
+def test_workers_get_what_the_fixed_part_leaves(values: Obj) -> None:
+    values = deep_merge(values, {"database": {"maxConnections": 500}})
+    rendered = render(deep_merge(MINIMAL, values))
+    budget = int(operator_env(rendered)["HOOKLINE_WORKER_CONNECTION_BUDGET"])
+    assert budget == 500 - fixed_connections(values)
+    # The flags the pools are sized by are the ones the chart passes.
+    receiver = rendered.one("Deployment", "hookline-receiver")["spec"]["template"]["spec"]["containers"][0]
+    relay = rendered.one("Deployment", "hookline-relay")["spec"]["template"]["spec"]["containers"][0]
+    assert f"--db-connections={values.get('receiver', {}).get('dbConnections', 4)}" in receiver["args"]
+    assert f"--concurrency={values.get('relay', {}).get('concurrency', 64)}" in relay["args"]
+    assert rendered.one("Deployment", "hookline-relay")["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 1
+
+
+def test_no_budget_by_default() -> None:
+    assert "HOOKLINE_WORKER_CONNECTION_BUDGET" not in operator_env(render_default())
+
+
+def test_a_budget_that_leaves_no_worker_pod_fails_the_install() -> None:
+    fixed = fixed_connections({})
+    enough = fixed + pools.worker(16)
+    render(deep_merge(MINIMAL, {"database": {"maxConnections": enough}}))
+    with pytest.raises(helm.HelmError, match=rf"maxConnections={enough - 1} leaves no room for a worker pod.*"
+                                             rf"may hold {fixed} connections"):
+        render(deep_merge(MINIMAL, {"database": {"maxConnections": enough - 1}}))
+
+
+# -- handler modules ---------------------------------------------------------------------------
+
+
+def test_handler_modules_reach_the_operator() -> None:
+    modules = {"team-a": ["team_a"], "*": ["shared.webhooks"]}
+    env = operator_env(render(deep_merge(MINIMAL, {"operator": {"handlerModules": modules}})))
+    assert json.loads(env["HOOKLINE_HANDLER_MODULES"]) == modules
+    # The default grants no handler modules to anyone.
+    assert json.loads(operator_env(render_default())["HOOKLINE_HANDLER_MODULES"]) == {}
+
+
+@pytest.mark.parametrize(("values", "where"), [
+    ({"operator": {"handlerModules": {"Team_A": ["x"]}}}, "/operator/handlerModules"),
+    ({"operator": {"handlerModules": {"team-a": ["team-a.hooks"]}}}, "/operator/handlerModules/team-a/0"),
+    ({"operator": {"handlerModules": {"team-a": "team_a"}}}, "/operator/handlerModules/team-a"),
+    ({"operator": {"workerImage": "x"}}, "'workerImage'"),  # moved to worker.image
+    ({"worker": {"concurrency": 0}}, "/worker/concurrency"),
+    ({"worker": {"resorces": {}}}, "'resorces'"),
+    ({"worker": {"pullPolicy": "Sometimes"}}, "/worker/pullPolicy"),
+    ({"worker": {"nodeSelector": {"pool": 1}}}, "/worker/nodeSelector/pool"),
+    ({"database": {"maxConnections": -1}}, "/database/maxConnections"),
+    ({"receiver": {"dbConnections": 0}}, "/receiver/dbConnections"),
+])
+def test_worker_and_budget_mistakes_are_named(values: Obj, where: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as caught:
+        validate_values(deep_merge(MINIMAL, values))
+    assert where in str(caught.value)
