@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
@@ -46,6 +47,42 @@ def _add_consumer_flags(p: argparse.ArgumentParser, what: str, port: int) -> Non
     _add_common(p)
 
 
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    def parse(value: str) -> float:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a {kind.__name__}") from None
+        if number <= 0:
+            raise argparse.ArgumentTypeError(f"{value!r} must be greater than 0")
+        return number
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _add_receiver_limits(p: argparse.ArgumentParser) -> None:
+    """Deadlines and caps that keep slow or hostile clients from holding the receiver (per process)."""
+
+    def limit(flag: str, env: str, kind: type[int] | type[float], default: str, text: str) -> None:
+        p.add_argument(flag, type=_positive(kind), default=os.environ.get(env, default), metavar="N",
+                       help=f"{text} (default {default}; or {env})")
+
+    limit("--header-timeout", "HOOKLINE_HEADER_TIMEOUT", float, "10",
+          "seconds a connection may take to send a request's headers, from their first byte; then it is closed")
+    limit("--body-timeout", "HOOKLINE_BODY_TIMEOUT", float, "30",
+          "seconds a request may take to send its whole body; then it is answered 408 and closed")
+    limit("--keepalive-timeout", "HOOKLINE_KEEPALIVE_TIMEOUT", float, "75",
+          "seconds an idle connection is kept open between requests")
+    limit("--max-buffered-bodies", "HOOKLINE_MAX_BUFFERED_BODIES", int, "1024",
+          "requests whose bodies the process holds at once (read or waiting to be stored); more get 503 "
+          "with Retry-After at once")
+    limit("--max-buffered-bytes", "HOOKLINE_MAX_BUFFERED_BYTES", int, str(256 * 1024 * 1024),
+          "bytes of bodies the process holds at once; a request that would exceed it gets 503 with Retry-After")
+    limit("--max-queued-events", "HOOKLINE_MAX_QUEUED_EVENTS", int, "4096",
+          "verified events waiting for a database write; beyond it requests get 503 with Retry-After at once "
+          "instead of queueing behind a slow database")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hookline",
@@ -79,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=1,
                    help="processes sharing the port, one per core you want to use (default 1; on Kubernetes "
                    "scale replicas instead)")
+    _add_receiver_limits(p)
     _add_common(p)
 
     p = sub.add_parser("worker", help="claim and process inbox events",

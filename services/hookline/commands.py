@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
@@ -12,6 +12,9 @@ from hookline.core import db, migrations, pools, providers
 from hookline.core.http import run_until_stopped
 from hookline.core.providers import SpecError
 from hookline.core.signatures import get_scheme
+
+if TYPE_CHECKING:
+    from hookline.receiver.app import ReceiverLimits
 
 
 def _fail(message: str) -> int:
@@ -110,6 +113,19 @@ async def providers_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def receiver_limits(args: argparse.Namespace) -> ReceiverLimits:
+    from hookline.core.http import ConnectionLimits
+    from hookline.receiver.app import ReceiverLimits
+    from hookline.receiver.intake import BodyLimits
+
+    return ReceiverLimits(
+        connections=ConnectionLimits(header_timeout=args.header_timeout, keepalive_timeout=args.keepalive_timeout),
+        body=BodyLimits(body_timeout=args.body_timeout, max_buffered_bodies=args.max_buffered_bodies,
+                        max_buffered_bytes=args.max_buffered_bytes),
+        max_queued_events=args.max_queued_events,
+    )
+
+
 async def receiver(args: argparse.Namespace) -> int:
     from hookline.core.providers import ProviderRegistry
     from hookline.receiver.app import Receiver
@@ -118,7 +134,7 @@ async def receiver(args: argparse.Namespace) -> int:
     pool = await db.create_pool(min_size=size, max_size=size, lean=True)
     registry = ProviderRegistry(pool)
     await registry.start()
-    service = Receiver(pool, registry, args.host, args.port, max_batch=args.max_batch,
+    service = Receiver(pool, registry, args.host, args.port, receiver_limits(args), max_batch=args.max_batch,
                        window=args.batch_window_ms / 1000, flushers=args.db_connections)
 
     async def stop() -> None:

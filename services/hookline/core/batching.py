@@ -4,8 +4,19 @@ Each caller submits an item and waits for its own result. Writer tasks take
 whatever has queued up — at most ``max_batch`` items, after waiting at most
 ``window`` seconds for more — and hand the batch to ``write``, which returns one
 result per item, in order. A caller's result arrives only after its batch's
-write returned (for an autocommit statement or a transaction: after commit). If
-the write fails, every caller in that batch gets the exception.
+write returned (for an autocommit statement or a transaction: after commit).
+
+Every caller is answered whatever happens: if the write raises, or returns the
+wrong number of results, every caller in that batch gets an exception and the
+writer goes on with the next batch. With ``isolate``, a batch whose write failed
+for a reason that belongs to some item (``isolate(exc)`` is true: bad data, not
+an unavailable database) is bisected and written again in halves, so only the
+offending items get the error and their batch-mates are written.
+
+With ``max_queued`` the queue is bounded: ``submit`` raises :class:`BatcherFull`
+at once instead of queueing behind a slow database. A caller that gives up
+(its ``submit`` is cancelled, e.g. by a timeout) leaves the queue at once, so it
+takes no room and is not written later.
 
 Under light load a batch is one item and waits at most ``window``; under heavy
 load batches grow by themselves while the previous write is in flight. The
@@ -17,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -26,10 +38,29 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+class BatcherFull(Exception):
+    """The queue holds ``max_queued`` items already: try again later."""
+
+
+class BatchResultMismatch(RuntimeError):
+    """``write`` returned a different number of results than it was given items."""
+
+
+class _Waiter(Generic[T, R]):
+    """One submitted item and the future its caller awaits (compared by identity)."""
+
+    __slots__ = ("future", "item")
+
+    def __init__(self, item: T, future: asyncio.Future[R]) -> None:
+        self.item = item
+        self.future = future
+
+
 class Batcher(Generic[T, R]):
     def __init__(self, write: Callable[[list[T]], Awaitable[Sequence[R]]], *, name: str,
                  max_batch: int = 128, window: float = 0.001, writers: int = 1,
-                 expected: Callable[[], int] | None = None) -> None:
+                 expected: Callable[[], int] | None = None, max_queued: int | None = None,
+                 isolate: Callable[[Exception], bool] | None = None) -> None:
         self._write = write
         # How many items could still arrive (e.g. events in flight): waiting for more than
         # that cannot grow the batch, so the window is skipped.
@@ -38,7 +69,13 @@ class Batcher(Generic[T, R]):
         self._max_batch = max_batch
         self._window = window
         self._writers = writers
-        self._queue: asyncio.Queue[tuple[T, asyncio.Future[R]]] = asyncio.Queue()
+        self._max_queued = max_queued
+        self._isolate = isolate
+        self._queue: deque[_Waiter[T, R]] = deque()
+        self._ready = asyncio.Event()
+        self._unfinished = 0  # queued or being written
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -47,7 +84,7 @@ class Batcher(Generic[T, R]):
     async def stop(self) -> None:
         """Write what is queued (its callers are waiting), then stop the writers."""
         if self._tasks:
-            await self._queue.join()
+            await self._idle.wait()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -57,42 +94,86 @@ class Batcher(Generic[T, R]):
 
     @property
     def queued(self) -> int:
-        """Items submitted and not yet written."""
-        return self._queue.qsize()
+        """Items submitted and not yet taken by a writer."""
+        return len(self._queue)
 
     async def submit(self, item: T) -> R:
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((item, future))
-        return await future
+        """Wait for ``item``'s result; raises :class:`BatcherFull` at once when the queue is full."""
+        if self._max_queued is not None and len(self._queue) >= self._max_queued:
+            raise BatcherFull(f"{self._name}: {len(self._queue)} items queued already")
+        waiter: _Waiter[T, R] = _Waiter(item, asyncio.get_running_loop().create_future())
+        self._queue.append(waiter)
+        self._started(1)
+        self._ready.set()
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            # Given up before a writer took it: leave the queue (a batch already being written
+            # cannot be recalled; its result is then simply not delivered).
+            with contextlib.suppress(ValueError):
+                self._queue.remove(waiter)
+                self._finished(1)
+            raise
 
-    def _take_ready(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
-        while len(batch) < self._max_batch and not self._queue.empty():
-            batch.append(self._queue.get_nowait())
+    def _started(self, n: int) -> None:
+        self._unfinished += n
+        self._idle.clear()
+
+    def _finished(self, n: int) -> None:
+        self._unfinished -= n
+        if self._unfinished == 0:
+            self._idle.set()
+
+    def _take_ready(self, batch: list[_Waiter[T, R]]) -> None:
+        while len(batch) < self._max_batch and self._queue:
+            batch.append(self._queue.popleft())
+
+    async def _next_batch(self) -> list[_Waiter[T, R]]:
+        while not self._queue:
+            self._ready.clear()
+            await self._ready.wait()
+        batch: list[_Waiter[T, R]] = []
+        self._take_ready(batch)
+        if (len(batch) < self._max_batch and self._window > 0
+                and (self._expected is None or len(batch) < self._expected())):
+            await asyncio.sleep(self._window)
+            self._take_ready(batch)
+        return batch
 
     async def _loop(self) -> None:
         while True:
-            batch = [await self._queue.get()]
-            self._take_ready(batch)
-            if (len(batch) < self._max_batch and self._window > 0
-                    and (self._expected is None or len(batch) < self._expected())):
-                await asyncio.sleep(self._window)
-                self._take_ready(batch)
+            batch = await self._next_batch()
             try:
                 await self._flush(batch)
+            except Exception as exc:  # a bug in the bookkeeping must not strand the callers
+                log.exception("batch writer failed", extra={"batcher": self._name})
+                self._fail(batch, exc)
             finally:
-                for _ in batch:
-                    self._queue.task_done()
+                self._finished(len(batch))
 
-    async def _flush(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+    async def _flush(self, batch: list[_Waiter[T, R]]) -> None:
         try:
-            results = await self._write([item for item, _ in batch])
+            results = await self._write([w.item for w in batch])
+            if len(results) != len(batch):
+                raise BatchResultMismatch(f"{self._name}: write returned {len(results)} results "
+                                          f"for {len(batch)} items")
         except Exception as exc:
+            if len(batch) > 1 and self._isolate is not None and self._isolate(exc):
+                # Some item's data is at fault: write the halves apart, so only the bad items fail.
+                half = len(batch) // 2
+                await self._flush(batch[:half])
+                await self._flush(batch[half:])
+                return
             log.warning("batched write failed", extra={"batcher": self._name, "items": len(batch),
                                                        "error": repr(exc)[:300]})
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
+            self._fail(batch, exc)
             return
-        for (_, future), result in zip(batch, results, strict=True):
-            if not future.done():
-                future.set_result(result)
+        for waiter, result in zip(batch, results, strict=True):
+            if not waiter.future.done():
+                waiter.future.set_result(result)
+
+    @staticmethod
+    def _fail(batch: list[_Waiter[T, R]], exc: Exception) -> None:
+        for waiter in batch:
+            if not waiter.future.done():
+                waiter.future.set_exception(exc)

@@ -6,6 +6,20 @@ wake up on NOTIFY (polling as the fallback), and on shutdown stop claiming, let
 in-flight tasks finish within a grace period, and hand back the leases of the
 rest. Subclasses say what a claim round is (``claim_round``) and call ``spawn``
 for each claimed row.
+
+Leases last until the outcome is committed. A task may give its concurrency slot
+back as soon as its effect is done (``free_slot``: the next claim then overlaps
+the batched completion), but its id stays in the heartbeat's set until the task
+ends, so a slow completion never lets the sweeper hand a finished effect to
+another consumer.
+
+Crash isolation. A row whose lease expired is a *suspect* (see ``core/queue.py``):
+it may be what killed its last consumer. Normal claims skip suspects. Now and
+then the claim loop asks whether one is due; if so it stops claiming, lets
+everything in flight finish, claims one suspect, and claims nothing else until
+that task has ended. If the suspect kills the process again, no other row was in
+it, so a crash costs attempts only to the row that causes it, and an innocent row
+that shared a consumer with it loses at most the one attempt it was in.
 """
 
 from __future__ import annotations
@@ -14,15 +28,19 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine
 from typing import Any
 
 import asyncpg
 
+from hookline.core import metrics
 from hookline.core.queue import Queue
 
 log = logging.getLogger(__name__)
+
+SUSPECT_CHECK_INTERVAL = 1.0  # seconds between "is a suspect due?" probes (one index probe each)
 
 
 class LeasedConsumer(ABC):
@@ -38,7 +56,14 @@ class LeasedConsumer(ABC):
         # Claim again only once this many slots are free: claiming for every single free
         # slot would make the claim round trips, not the work, set the pace.
         self.refill = max(1, min(refill, concurrency))
-        self.in_flight: dict[int, tuple[asyncio.Task[Any], float, str]] = {}  # id -> (task, lease, partition)
+        # id -> (task, lease, partition): tasks holding a concurrency slot.
+        self.in_flight: dict[int, tuple[asyncio.Task[Any], float, str]] = {}
+        # Tasks whose effect is done and whose completion is not committed yet: no slot, lease still kept.
+        self.completing: dict[int, tuple[asyncio.Task[Any], float, str]] = {}
+        self.suspect: int | None = None  # the suspect running alone, if any
+        self.suspect_check_interval = max(SUSPECT_CHECK_INTERVAL, poll_interval)
+        self._suspect_waiting = False  # a suspect is due: drain, then run it alone
+        self._suspects_checked = 0.0
         self.stopping = False
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
@@ -49,6 +74,14 @@ class LeasedConsumer(ABC):
     @abstractmethod
     async def claim_round(self) -> int:
         """Claim what is due (round robin over partitions), ``spawn`` a task per row; return the count."""
+
+    @abstractmethod
+    def suspect_partitions(self) -> dict[str, float]:
+        """The partitions this consumer may claim suspects from, with their lease lengths."""
+
+    @abstractmethod
+    async def start_suspect(self, row: asyncpg.Record) -> None:
+        """Start the task for a claimed suspect row (with ``spawn``), as ``claim_round`` does for its rows."""
 
     def shortest_lease(self) -> float:
         """The shortest lease a claim may take; paces the heartbeat."""
@@ -71,6 +104,11 @@ class LeasedConsumer(ABC):
     def free_slots(self) -> int:
         return self.concurrency - len(self.in_flight)
 
+    @property
+    def busy(self) -> bool:
+        """Anything running, or waiting for its completion, in this consumer."""
+        return bool(self.in_flight or self.completing)
+
     def wake(self) -> None:
         self._wake.set()
 
@@ -81,12 +119,17 @@ class LeasedConsumer(ABC):
 
     def free_slot(self, id: int) -> None:
         """The work of ``id`` is done and only its bookkeeping is pending: let the next claim in now,
-        so claiming overlaps the batched completion instead of waiting for it."""
-        if self.in_flight.pop(id, None) is not None:
+        so claiming overlaps the batched completion instead of waiting for it. The heartbeat keeps
+        extending its lease until the task ends (its completion committed, or given up)."""
+        entry = self.in_flight.pop(id, None)
+        if entry is not None:
+            self.completing[id] = entry
             self._slot_free.set()
 
     def _finished(self, id: int, task: asyncio.Task[Any]) -> None:
-        entry = self.in_flight.pop(id, None)
+        entry = self.in_flight.pop(id, None) or self.completing.pop(id, None)
+        if id == self.suspect:
+            self.suspect = None
         self._slot_free.set()
         self.on_finished(id, entry[2] if entry else "", task)
 
@@ -104,12 +147,18 @@ class LeasedConsumer(ABC):
         if self._loops:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loops[0]
-        running = [task for task, _, _ in self.in_flight.values()]
+        running = [task for task, _, _ in [*self.in_flight.values(), *self.completing.values()]]
         if running:
             await asyncio.wait(running, timeout=self.grace_period)
         unfinished = {id: task for id, (task, _, _) in self.in_flight.items() if not task.done()}
-        for task in unfinished.values():
+        # Effects done but not booked: never released (that would repeat the effect at once);
+        # their leases run out and the next attempt's guarded completion decides.
+        unbooked = [task for task, _, _ in self.completing.values() if not task.done()]
+        for task in [*unfinished.values(), *unbooked]:
             task.cancel()
+        if unbooked:
+            log.warning("shutdown before these completions were written; their leases will expire",
+                        extra={"queue": self.queue.table, "count": len(unbooked)})
         if unfinished:
             await asyncio.wait(list(unfinished.values()), timeout=5)
             # Their transactions rolled back (or their calls were cut off): the next consumer takes them now.
@@ -121,16 +170,29 @@ class LeasedConsumer(ABC):
                 await loop
         self._loops = []
 
+    def _may_claim(self) -> bool:
+        if self.suspect is not None:
+            return False  # a suspect runs alone
+        if self._suspect_waiting:
+            return not self.busy  # draining so that the suspect can run alone
+        return self.free_slots >= self.refill
+
     async def _claim_loop(self) -> None:
         while not self.stopping:
-            while self.free_slots < self.refill and not self.stopping:
+            while not self._may_claim() and not self.stopping:
                 self._slot_free.clear()
                 await self._slot_free.wait()
             if self.stopping:
                 break
             self._wake.clear()
             try:
-                claimed = await self.claim_round()
+                if await self._suspect_due():
+                    if self.busy:
+                        continue  # claim nothing more; the wait above lasts until in-flight work is done
+                    # Nothing claimed means another consumer took the suspect: claim as usual.
+                    claimed = await self._claim_suspect() or await self.claim_round()
+                else:
+                    claimed = await self.claim_round()
             except Exception as exc:
                 log.warning("claim failed; retrying", extra={"queue": self.queue.table, "error": str(exc)})
                 await asyncio.sleep(1)
@@ -138,6 +200,34 @@ class LeasedConsumer(ABC):
             if not claimed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+
+    async def _suspect_due(self) -> bool:
+        """Whether a suspect waits for this consumer; asked at most once per check interval."""
+        now = time.monotonic()
+        if not self._suspect_waiting and now >= self._suspects_checked + self.suspect_check_interval:
+            self._suspects_checked = now
+            partitions = self.suspect_partitions()
+            self._suspect_waiting = bool(partitions) and await self.queue.suspects_due(self.pool, list(partitions))
+        return self._suspect_waiting
+
+    async def _claim_suspect(self) -> int:
+        """Claim one suspect and start it; nothing else is in flight, and nothing is claimed until it ends."""
+        self._suspect_waiting = False
+        row = await self.queue.claim_suspect(self.pool, self.suspect_partitions(), self.worker_id)
+        if row is None:
+            return 0
+        partition = row[self.queue.partition]
+        metrics.suspects_claimed.labels(self.queue.table, partition).inc()
+        log.info("running a suspect alone (its last lease expired)",
+                 extra={"queue": self.queue.table, "id": row["id"], "partition": partition,
+                        "attempt": row["attempts"]})
+        self.suspect = row["id"]
+        try:
+            await self.start_suspect(row)
+        finally:
+            if row["id"] not in self.in_flight:
+                self.suspect = None  # not started (e.g. its partition vanished): its lease runs out
+        return 1
 
     def _notified(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
         if self.on_notify(channel, payload):
@@ -172,7 +262,7 @@ class LeasedConsumer(ABC):
         while True:
             await asyncio.sleep(max(0.2, self.shortest_lease() / 3))
             by_lease: dict[float, list[int]] = {}
-            for id, (_, lease, _) in list(self.in_flight.items()):
+            for id, (_, lease, _) in [*self.in_flight.items(), *self.completing.items()]:
                 by_lease.setdefault(lease, []).append(id)
             for lease, ids in by_lease.items():
                 try:
@@ -185,6 +275,10 @@ class LeasedConsumer(ABC):
                         # The sweeper or another consumer has it; our result would not be committed anyway.
                         log.warning("lease lost; abandoning", extra={"queue": self.queue.table, "id": id})
                         self.in_flight[id][0].cancel()
+                    elif id in self.completing:
+                        # The effect happened; the guarded completion will find the row taken and report it.
+                        log.warning("lease lost after the effect, before its completion was written",
+                                    extra={"queue": self.queue.table, "id": id})
 
 
 def _set(event: asyncio.Event, *_: object) -> None:

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+log = logging.getLogger(__name__)
 
 POOL_KEY: web.AppKey[asyncpg.Pool] = web.AppKey("pool", asyncpg.Pool)
 
@@ -54,8 +59,86 @@ def ops_app(pool: asyncpg.Pool) -> web.Application:
     return app
 
 
-async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """How long a connection may take to send request headers, and may sit idle between requests."""
+
+    header_timeout: float = 10.0
+    keepalive_timeout: float = 75.0
+
+
+class _GuardedHandler(web.RequestHandler):
+    """aiohttp's connection handler plus a deadline for request headers, and one quiet line
+    (no traceback) for requests that are not valid HTTP: on the internet they are routine.
+
+    aiohttp bounds only idleness (keepalive_timeout); a client trickling header bytes would
+    hold the connection as long as it likes. The deadline starts with the first byte of a
+    request and ends when its headers are parsed; the body has its own (the handler's) deadline.
+    """
+
+    header_timeout: float = 10.0
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        parsed_before = self._request_count
+        super().data_received(data)
+        if self._request_count != parsed_before:
+            self._stop_header_timer()
+        elif self._header_timer is None and not self._request_in_progress and self.transport is not None:
+            self._header_timer = asyncio.get_running_loop().call_later(self.header_timeout, self._headers_late)
+
+    def _stop_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if not self._request_in_progress and not self._messages and self.transport is not None:
+            log.info("closing a connection whose request headers took longer than %g s", self.header_timeout)
+            self.force_close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._stop_header_timer()
+        super().connection_lost(exc)
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        exc = kw.get("exc_info")
+        if isinstance(exc, HttpProcessingError):
+            log.info("malformed request: %s", exc.message or type(exc).__name__)
+        else:
+            super().log_exception(*args, **kw)
+
+
+class _GuardedServer(web.Server):
+    header_timeout: float = 10.0
+
+    def __call__(self) -> web.RequestHandler:
+        handler = _GuardedHandler(self, loop=self._loop, **self._kwargs)
+        handler.header_timeout = self.header_timeout
+        return handler
+
+
+class _GuardedRunner(web.AppRunner):
+    def __init__(self, app: web.Application, limits: ConnectionLimits, **kwargs: Any) -> None:
+        super().__init__(app, keepalive_timeout=limits.keepalive_timeout, **kwargs)
+        self._header_timeout = limits.header_timeout
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        # aiohttp offers no factory hook for the connection handler: the server the app built
+        # (with all its settings) becomes the subclass that creates guarded handlers.
+        server.__class__ = _GuardedServer
+        assert isinstance(server, _GuardedServer)
+        server.header_timeout = self._header_timeout
+        return server
+
+
+async def serve(app: web.Application, host: str, port: int, limits: ConnectionLimits | None = None,
+                **handler_options: Any) -> web.AppRunner:
+    """Serve ``app``; ``handler_options`` go to aiohttp's connection handler (e.g. auto_decompress)."""
+    runner = _GuardedRunner(app, limits or ConnectionLimits(), access_log=None, handle_signals=False,
+                            **handler_options)
     await runner.setup()
     # With several processes on one port (hookline receiver --processes N) the kernel spreads
     # connections over them (SO_REUSEPORT); a lone process keeps the port to itself.

@@ -23,23 +23,30 @@ async def sweep_once(pool: asyncpg.Pool | asyncpg.Connection, policies: dict[str
                      queue: Queue = INBOX, partition: str | None = None) -> SweepResult:
     """Return expired leases to pending (or dead when attempts are used up); the attempt counts.
 
+    Every row taken back becomes a suspect, to be run alone (``core/consumer.py``): the
+    sweeper cannot tell which of the rows a dead consumer held was the one that killed it.
     ``partition`` limits the sweep to one provider (the operator runs one timer per provider).
     """
     total = SweepResult({}, {})
     while True:
         result = await queue.sweep_expired(pool, policies, partition=partition)
-        for name, n in result.requeued.items():
-            metrics.leases_swept.labels(queue.table, name, "requeued").inc(n)
-            total.requeued[name] = total.requeued.get(name, 0) + n
-        for name, n in result.dead.items():
-            metrics.leases_swept.labels(queue.table, name, "dead").inc(n)
-            total.dead[name] = total.dead.get(name, 0) + n
+        _add(total.requeued, result.requeued, lambda name, n: metrics.leases_swept.labels(
+            queue.table, name, "requeued").inc(n))
+        _add(total.dead, result.dead, lambda name, n: metrics.leases_swept.labels(queue.table, name, "dead").inc(n))
+        _add(total.crashed, result.crashed, lambda name, n: metrics.consumer_crashes.labels(queue.table, name).inc(n))
         if result.total < 1000:
             break
     if total.total:
-        log.info("expired leases swept", extra={"queue": queue.table, "requeued": total.requeued,
-                                                "dead": total.dead})
+        log.info("expired leases swept; their rows are suspects now and run alone",
+                 extra={"queue": queue.table, "requeued": total.requeued, "dead": total.dead,
+                        "consumers": total.crashed})
     return total
+
+
+def _add(total: dict[str, int], counts: dict[str, int], count: Callable[[str, int], None]) -> None:
+    for name, n in counts.items():
+        count(name, n)
+        total[name] = total.get(name, 0) + n
 
 
 class LeaseSweeper:

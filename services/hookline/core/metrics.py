@@ -46,6 +46,19 @@ leases_swept = Counter(
     "hookline_leases_swept_total", "Expired leases returned to pending or dead by the sweeper.",
     ["queue", "partition", "result"],
 )
+consumer_crashes = Counter(
+    "hookline_consumer_crashes_total",
+    "Consumers (worker or relay processes) whose leases expired unfinished, as the sweeper saw them: a crash, a "
+    "kill or a stall longer than the lease; counted once per consumer and sweep.",
+    ["queue", "partition"],
+)
+suspects_claimed = Counter(
+    "hookline_suspects_claimed_total",
+    "Suspects (rows whose last lease expired) claimed to run alone in their consumer.",
+    ["queue", "partition"],
+)
+inbox_suspects = Gauge("hookline_inbox_suspects", "Pending inbox events waiting to run alone (suspects).",
+                       ["provider"])
 
 relay_deliveries = Counter(
     "hookline_relay_deliveries_total",
@@ -64,6 +77,8 @@ outbox_oldest_undelivered = Gauge(
     "Age of the oldest event an endpoint has not received yet (pending, in flight or parked).", ["endpoint"],
 )
 outbox_dead = Gauge("hookline_outbox_dead", "Dead outbox deliveries (replayable).", ["endpoint"])
+outbox_suspects = Gauge("hookline_outbox_suspects", "Pending deliveries waiting to run alone (suspects).",
+                        ["endpoint"])
 outbox_parked = Gauge("hookline_outbox_parked", "Deliveries parked while their endpoint is disabled.", ["endpoint"])
 relay_circuit_open = Gauge(
     "hookline_relay_circuit_open", "1 while the endpoint's circuit breaker is open (probing only).", ["endpoint"]

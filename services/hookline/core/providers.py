@@ -78,6 +78,9 @@ class Provider:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     lease_seconds: int = 60
     ordering: Ordering | None = None
+    # spec.replayProtection.bodyHashWindowSeconds: a body seen again within this many seconds is
+    # a duplicate whatever its event id (for schemes that sign neither the id nor a timestamp).
+    replay_window_seconds: float | None = None
     # Signs the worker's calls to `destination` (Standard Webhooks), so the internal
     # service can tell them from anyone else's.
     destination_secret: str | None = field(default=None, repr=False)
@@ -214,6 +217,10 @@ def parse_provider(name: str, spec: Mapping[str, Any], secrets: Iterable[str] = 
             transitions=tuple(transitions),
         )
 
+    replay_window = None
+    if (replay_spec := _get(spec, "replayProtection", Mapping, "spec")) is not None:
+        replay_window = _number(replay_spec, "bodyHashWindowSeconds", "spec.replayProtection", 0, 1, 30 * 86400)
+
     return Provider(
         name=name,
         signature=signature,
@@ -225,6 +232,7 @@ def parse_provider(name: str, spec: Mapping[str, Any], secrets: Iterable[str] = 
         retry=retry,
         lease_seconds=int(_number(spec, "leaseSeconds", "spec", 60, 1, 3600)),
         ordering=ordering,
+        replay_window_seconds=replay_window,
         destination_secret=destination_secret,
         spec=spec,
     )

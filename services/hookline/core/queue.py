@@ -2,7 +2,7 @@
 
 A queue table has the columns ``id bigint, status text, attempts int,
 next_attempt_at, lease_expires_at, locked_by, last_error, processed_at,
-deferred_since`` and a partition column (``provider`` for the inbox,
+deferred_since, suspect`` and a partition column (``provider`` for the inbox,
 ``endpoint`` for outbox deliveries), plus a partial index on
 ``(partition, next_attempt_at, id) WHERE status = 'pending'``. The SQL is in
 ``sql/queue.sql``; this module fills in the table names once and gives it types.
@@ -10,6 +10,10 @@ deferred_since`` and a partition column (``provider`` for the inbox,
 Every write after the claim is guarded by (id, attempts, locked_by): a worker
 whose lease was swept and re-claimed by another cannot overwrite the newer
 attempt's outcome.
+
+Rows whose lease expired come back as *suspects* (they may have killed their
+consumer): ``claim`` skips them and ``claim_suspect`` hands out one at a time to a
+consumer with nothing else in flight (see ``core/consumer.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import functools
 import importlib.resources
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import asyncpg
@@ -61,6 +65,8 @@ def _templates() -> dict[str, str]:
 class SweepResult:
     requeued: dict[str, int]
     dead: dict[str, int]
+    # Per partition, how many consumers had leases expire in this sweep (crashes, kills, stalls).
+    crashed: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -72,6 +78,7 @@ class PartitionStats:
     backlog: int
     oldest_pending_seconds: float
     dead: int
+    suspects: int = 0  # pending rows that must run alone (their last lease expired)
 
 
 class Queue:
@@ -100,6 +107,15 @@ class Queue:
                     lease_seconds: float, *, ordered: bool = False) -> list[asyncpg.Record]:
         sql = self._sql["claim_ordered" if ordered else "claim"]
         return list(await conn.fetch(sql, partition, limit, worker, float(lease_seconds)))
+
+    async def claim_suspect(self, conn: asyncpg.Connection | asyncpg.Pool, leases: dict[str, float],
+                            worker: str) -> asyncpg.Record | None:
+        """Claim one due suspect of the partitions in ``leases`` (partition -> lease seconds)."""
+        names = list(leases)
+        return await conn.fetchrow(self._sql["claim_suspect"], names, [float(leases[n]) for n in names], worker)
+
+    async def suspects_due(self, conn: asyncpg.Connection | asyncpg.Pool, partitions: Sequence[str]) -> bool:
+        return bool(await conn.fetchval(self._sql["suspects_due"], list(partitions)))
 
     async def extend_leases(self, conn: asyncpg.Connection | asyncpg.Pool, ids: Sequence[int], worker: str,
                             lease_seconds: float) -> set[int]:
@@ -137,10 +153,12 @@ class Queue:
         )
         requeued: dict[str, int] = {}
         dead: dict[str, int] = {}
+        holders: dict[str, set[str]] = {}
         for r in rows:
             target = dead if r["status"] == "dead" else requeued
             target[r["partition"]] = target.get(r["partition"], 0) + 1
-        return SweepResult(requeued, dead)
+            holders.setdefault(r["partition"], set()).add(r["holder"])
+        return SweepResult(requeued, dead, {name: len(h) for name, h in holders.items()})
 
     async def replay_dead(self, conn: asyncpg.Connection | asyncpg.Pool, partition: str | None = None,
                           since: datetime | None = None, until: datetime | None = None) -> dict[str, int]:
@@ -151,7 +169,8 @@ class Queue:
 
     async def stats(self, conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, PartitionStats]:
         return {
-            r["partition"]: PartitionStats(int(r["backlog"]), float(r["oldest_pending_seconds"]), int(r["dead"]))
+            r["partition"]: PartitionStats(int(r["backlog"]), float(r["oldest_pending_seconds"]), int(r["dead"]),
+                                           int(r["suspects"]))
             for r in await conn.fetch(self._sql["stats"])
         }
 

@@ -1,110 +1,98 @@
 """The receiver: POST /webhooks/{provider} -> verified, stored durably, then 2xx.
 
-Per request the path is: look the provider up in memory, read the body (bounded
-by the provider's maxBodyBytes before it is buffered), verify the signature over
-the raw bytes, extract the event id/type, and hand the row to the group
-committer. The answer is sent only after the row's transaction has committed;
-if Postgres cannot take it, the answer is 503 with Retry-After so the sender
-retries — never a 2xx for an event we do not hold.
+Per request the path is: look the provider up in memory, take a share of the
+process's body budget, read the body (bounded by the provider's maxBodyBytes and
+a deadline, decoded per Content-Encoding; see ``intake``), verify the signature
+over those bytes, extract and validate the event id/type (``validation``), and
+hand the row to the group committer. The answer is sent only after the row's
+transaction has committed; if Postgres cannot take it, the answer is 503 with
+Retry-After so the sender retries — never a 2xx for an event we do not hold.
+Input the sender got wrong is a 4xx and costs no other sender anything.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import hashlib
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 from aiohttp import web
 
 from hookline.core import http, metrics
-from hookline.core.jsonpointer import resolve
-from hookline.core.providers import FieldRule, Provider, ProviderRegistry
+from hookline.core.batching import BatcherFull
+from hookline.core.providers import Provider, ProviderRegistry
 from hookline.core.signatures import SignatureError, signature_headers_for, verify
-from hookline.receiver.group_commit import GroupCommitter, InboxRow
+from hookline.receiver.group_commit import GroupCommitter, InboxRow, is_data_error
+from hookline.receiver.intake import BodyLimits, BufferBudget, ClientGone, Refused, read_body
+from hookline.receiver.validation import (
+    BadEvent,
+    JsonBody,
+    check_event_id,
+    check_field,
+    escape_text,
+    extract,
+    storable_headers,
+)
 
 log = logging.getLogger(__name__)
 
-# Headers never stored, whatever the scheme: credentials and hop-by-hop noise.
-ALWAYS_DROPPED = frozenset({"authorization", "cookie", "proxy-authorization", "connection", "keep-alive"})
+# Headers never stored, whatever the scheme: credentials, hop-by-hop noise, and the framing
+# of the body as it travelled (the stored body is the decoded one).
+ALWAYS_DROPPED = frozenset({"authorization", "cookie", "proxy-authorization", "connection", "keep-alive",
+                            "content-encoding", "content-length", "transfer-encoding"})
 RETRY_AFTER_SECONDS = "5"
 STORE_TIMEOUT = 10.0
 
+
+@dataclass(frozen=True)
+class ReceiverLimits:
+    """Everything that bounds what one receiver process holds at once."""
+
+    connections: http.ConnectionLimits = field(default_factory=http.ConnectionLimits)
+    body: BodyLimits = field(default_factory=BodyLimits)
+    # Events waiting for a group-commit slot; beyond it requests get 503 at once.
+    max_queued_events: int = 4096
+
+
 REGISTRY_KEY: web.AppKey[ProviderRegistry] = web.AppKey("registry", ProviderRegistry)
 COMMITTER_KEY: web.AppKey[GroupCommitter] = web.AppKey("committer", GroupCommitter)
-
-
-class BadEvent(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-async def read_bounded(request: web.Request, limit: int) -> bytes | None:
-    """The whole body, or None as soon as it is known to exceed ``limit`` bytes."""
-    if request.content_length is not None and request.content_length > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await request.content.readany():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-class _Body:
-    """The body parsed as JSON at most once, and only if a rule needs it."""
-
-    def __init__(self, raw: bytes) -> None:
-        self.raw = raw
-        self._parsed: Any = None
-        self._done = False
-
-    def json(self) -> Any:
-        if not self._done:
-            try:
-                self._parsed = json.loads(self.raw)
-            except (ValueError, UnicodeDecodeError):
-                raise BadEvent("invalid_json", "the body is not valid JSON") from None
-            self._done = True
-        return self._parsed
-
-
-def extract(rule: FieldRule, headers: Mapping[str, str], body: _Body) -> str | None:
-    value = headers.get(rule.path) if rule.source == "header" else resolve(body.json(), rule.path)
-    if value is None or isinstance(value, (dict, list, bool)):
-        return None
-    text = str(value)
-    return text or None
+BUDGET_KEY: web.AppKey[BufferBudget] = web.AppKey("budget", BufferBudget)
+BODY_LIMITS_KEY: web.AppKey[BodyLimits] = web.AppKey("body_limits", BodyLimits)
 
 
 def stored_headers(headers: Mapping[str, str], provider: Provider) -> dict[str, str]:
-    dropped = ALWAYS_DROPPED | signature_headers_for(provider.signature)
-    return {k: v for k, v in headers.items() if k.lower() not in dropped}
+    return storable_headers(headers, ALWAYS_DROPPED | signature_headers_for(provider.signature))
 
 
 def build_row(provider: Provider, headers: Mapping[str, str], raw: bytes, content_type: str | None) -> InboxRow:
-    body = _Body(raw)
+    body = JsonBody(raw)
     event_id = extract(provider.event_id, headers, body)
     if event_id is None:
         raise BadEvent("missing_event_id", f"no event id at {provider.event_id.describe()}")
+    check_event_id(event_id)
     event_type = extract(provider.event_type, headers, body) if provider.event_type else None
     entity_key = extract(provider.ordering.entity_key, headers, body) if provider.ordering else None
+    window = provider.replay_window_seconds
     return InboxRow(
         provider=provider.name,
         event_id=event_id,
-        event_type=event_type,
-        entity_key=entity_key,
+        event_type=check_field(event_type, "event type") if event_type is not None else None,
+        entity_key=check_field(entity_key, "entity key") if entity_key is not None else None,
         headers=stored_headers(headers, provider),
         body=raw,
-        content_type=content_type,
+        content_type=escape_text(content_type) if content_type is not None else None,
+        body_sha256=hashlib.sha256(raw).digest() if window else None,
+        replay_window_seconds=window,
     )
+
+
+def unavailable(message: str) -> web.Response:
+    return http.error(503, "unavailable", message, **{"Retry-After": RETRY_AFTER_SECONDS})
 
 
 async def receive(request: web.Request) -> web.Response:
@@ -123,9 +111,24 @@ async def _receive(request: web.Request, name: str, provider: Provider | None) -
         return http.error(405, "method_not_allowed", "use POST", Allow="POST")
     if provider is None:
         return http.error(404, "unknown_provider", f"no provider named {name!r}")
-    raw = await read_bounded(request, provider.max_body_bytes)
-    if raw is None:
-        return http.error(413, "payload_too_large", f"the body exceeds {provider.max_body_bytes} bytes")
+    try:
+        with request.app[BUDGET_KEY].open() as lease:
+            raw = await read_body(request, provider.max_body_bytes, lease, request.app[BODY_LIMITS_KEY].body_timeout)
+            return await _verify_and_store(request, provider, raw)
+    except Refused as refusal:
+        response = http.error(refusal.status, refusal.code, refusal.message,
+                              **({"Retry-After": RETRY_AFTER_SECONDS} if refusal.retry_after else {}))
+        if refusal.status in (400, 408):
+            response.force_close()  # the rest of the stream cannot be trusted to frame a next request
+        return response
+    except ClientGone:
+        log.info("client closed the connection before sending its whole body", extra={"provider": name})
+        response = http.error(400, "client_gone", "the connection closed before the body was complete")
+        response.force_close()
+        return response
+
+
+async def _verify_and_store(request: web.Request, provider: Provider, raw: bytes) -> web.Response:
     try:
         verify(provider.signature, request.headers, raw, time.time())
     except SignatureError as exc:
@@ -136,22 +139,34 @@ async def _receive(request: web.Request, name: str, provider: Provider | None) -
         return http.error(400, exc.code, exc.message)
     try:
         async with asyncio.timeout(STORE_TIMEOUT):
-            is_new = await request.app[COMMITTER_KEY].store(row)
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-        log.warning("could not store event", extra={"provider": name, "error": type(exc).__name__})
-        return http.error(503, "unavailable", "the event could not be stored; retry later",
-                          **{"Retry-After": RETRY_AFTER_SECONDS})
-    status = "accepted" if is_new else "duplicate"
-    response = web.json_response({"status": status, "event_id": row.event_id})
+            stored = await request.app[COMMITTER_KEY].store(row)
+    except BatcherFull:
+        log.warning("group-commit queue full; refusing", extra={"provider": provider.name})
+        return unavailable("too many events waiting to be stored; retry later")
+    except Exception as exc:
+        if is_data_error(exc):
+            log.warning("Postgres refused an event", extra={"provider": provider.name,
+                                                            "error": type(exc).__name__})
+            return http.error(400, "invalid_event", f"the event cannot be stored ({type(exc).__name__})")
+        if not isinstance(exc, (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)):
+            raise
+        log.warning("could not store event", extra={"provider": provider.name, "error": type(exc).__name__})
+        return unavailable("the event could not be stored; retry later")
+    status = "accepted" if stored.is_new else "duplicate"
+    response = web.json_response({"status": status, "event_id": stored.event_id})
     response["outcome"] = status
     return response
 
 
-def create_app(pool: asyncpg.Pool, registry: ProviderRegistry, committer: GroupCommitter) -> web.Application:
+def create_app(pool: asyncpg.Pool, registry: ProviderRegistry, committer: GroupCommitter,
+               limits: ReceiverLimits | None = None) -> web.Application:
+    limits = limits or ReceiverLimits()
     # Bodies are read from the stream with each provider's own limit, not aiohttp's global one.
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[REGISTRY_KEY] = registry
     app[COMMITTER_KEY] = committer
+    app[BUDGET_KEY] = BufferBudget(limits.body.max_buffered_bodies, limits.body.max_buffered_bytes)
+    app[BODY_LIMITS_KEY] = limits.body
     app.router.add_route("*", "/webhooks/{provider}", receive)
     http.add_ops_routes(app, pool)
     return app
@@ -161,17 +176,20 @@ class Receiver:
     """The receiver service: pool, provider registry, group committer and HTTP server."""
 
     def __init__(self, pool: asyncpg.Pool, registry: ProviderRegistry, host: str, port: int,
-                 **committer_options: Any) -> None:
+                 limits: ReceiverLimits | None = None, **committer_options: Any) -> None:
         self.pool = pool
         self.registry = registry
-        self.committer = GroupCommitter(pool, **committer_options)
-        self.app = create_app(pool, registry, self.committer)
+        self.limits = limits or ReceiverLimits()
+        self.committer = GroupCommitter(pool, max_queued=self.limits.max_queued_events, **committer_options)
+        self.app = create_app(pool, registry, self.committer, self.limits)
         self.host, self.port = host, port
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
         self.committer.start()
-        self._runner = await http.serve(self.app, self.host, self.port)
+        # Content codings are decoded by the receiver itself, bounded per provider (see intake).
+        self._runner = await http.serve(self.app, self.host, self.port, self.limits.connections,
+                                        auto_decompress=False)
         log.info("receiver listening", extra={"url": f"http://{self.host}:{self.port}"})
 
     async def stop(self) -> None:

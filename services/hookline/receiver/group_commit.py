@@ -3,10 +3,22 @@
 One statement (one transaction, one WAL flush) stores a whole batch with
 ``INSERT ... ON CONFLICT DO NOTHING``; each request is answered only after that
 statement has committed. See ``hookline.core.batching`` for the mechanism.
+
+One sender's bad bytes never cost another sender's event: rows are validated
+before they are queued, and should Postgres still refuse a batch for a reason in
+the data (:func:`is_data_error`), the batch is bisected until only the offending
+rows fail. Only an unavailable database fails everyone (503, and they retry).
+
+Providers with ``replayProtection`` also claim a hash of their body for a window
+in the same statement; a body seen within the window is a duplicate of the first
+event that carried it, whatever (unsigned) id the replay claims.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +26,17 @@ import asyncpg
 
 from hookline.core import db, metrics
 from hookline.core.batching import Batcher
+
+log = logging.getLogger(__name__)
+
+PRUNE_INTERVAL = 60.0
+
+
+def is_data_error(exc: BaseException) -> bool:
+    """Postgres refused the rows themselves (bad values, constraints, an index entry too large),
+    as opposed to being unreachable or overloaded."""
+    return isinstance(exc, (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError,
+                            asyncpg.ProgramLimitExceededError, UnicodeError))
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,43 +48,97 @@ class InboxRow:
     headers: dict[str, str]
     body: bytes
     content_type: str | None
+    # sha256 of the body and the window to remember it, for providers with replayProtection.
+    body_sha256: bytes | None = None
+    replay_window_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """The answer for one row: new or not, and the event id the sender is told."""
+
+    is_new: bool
+    event_id: str
 
 
 class GroupCommitter:
-    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 128, window: float = 0.001, flushers: int = 4
-                 ) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 128, window: float = 0.001, flushers: int = 4,
+                 max_queued: int | None = None) -> None:
         self._pool = pool
         self._sql = db.query("insert_inbox_batch")
-        self._batcher: Batcher[InboxRow, bool] = Batcher(self._write, name="group-commit", max_batch=max_batch,
-                                                         window=window, writers=flushers)
+        self._sql_replay = db.query("insert_inbox_batch_replay_protected")
+        self._batcher: Batcher[InboxRow, Stored] = Batcher(
+            self._write, name="group-commit", max_batch=max_batch, window=window, writers=flushers,
+            max_queued=max_queued, isolate=is_data_error)
+        self._pruner: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._batcher.start()
+        self._pruner = asyncio.create_task(self._prune_body_hashes(), name="body-hash-pruner")
 
     async def stop(self) -> None:
+        if self._pruner:
+            self._pruner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pruner
         await self._batcher.stop()
 
-    async def store(self, row: InboxRow) -> bool:
-        """Store ``row`` durably; True when it is new, False when (provider, event_id) existed."""
+    async def store(self, row: InboxRow) -> Stored:
+        """Store ``row`` durably. Raises ``BatcherFull`` when too many rows wait already, a data
+        error (:func:`is_data_error`) when Postgres refuses this row, anything else when Postgres
+        is unavailable."""
         return await self._batcher.submit(row)
 
-    async def _write(self, rows: list[InboxRow]) -> list[bool]:
-        columns: list[list[Any]] = [[], [], [], [], [], [], []]
+    async def _write(self, rows: list[InboxRow]) -> list[Stored]:
+        columns: list[list[Any]] = [[] for _ in range(9)]
         for r in rows:
             for column, value in zip(
                 columns,
-                (r.provider, r.event_id, r.event_type, r.entity_key, r.headers, r.body, r.content_type),
+                (r.provider, r.event_id, r.event_type, r.entity_key, r.headers, r.body, r.content_type,
+                 r.body_sha256, r.replay_window_seconds),
                 strict=True,
             ):
                 column.append(value)
-        records = await self._pool.fetch(self._sql, *columns)
+        if any(r.body_sha256 is not None for r in rows):
+            records = await self._pool.fetch(self._sql_replay, *columns)
+        else:
+            records = await self._pool.fetch(self._sql, *columns[:7])
         metrics.receiver_batch_size.observe(len(rows))
-        stored = {(rec["provider"], rec["event_id"]) for rec in records}
+        stored = {(rec["provider"], rec["event_id"]) for rec in records if rec.get("body_sha256") is None}
+        claims = {(rec["provider"], rec["body_sha256"]): rec["event_id"]
+                  for rec in records if rec.get("body_sha256") is not None}
+        originals = await self._originals(rows, claims)
         # Two requests for the same event in one batch: the first is the one stored.
         seen: set[tuple[str, str]] = set()
         results = []
         for r in rows:
             key = (r.provider, r.event_id)
-            results.append(key in stored and key not in seen)
+            if r.body_sha256 is not None and claims.get((r.provider, r.body_sha256)) != r.event_id:
+                # A body already seen within the window under another id: a replay.
+                results.append(Stored(False, originals.get((r.provider, r.body_sha256), r.event_id)))
+                continue
+            results.append(Stored(key in stored and key not in seen, r.event_id))
             seen.add(key)
         return results
+
+    async def _originals(self, rows: list[InboxRow], claims: dict[tuple[str, bytes], str]
+                         ) -> dict[tuple[str, bytes], str]:
+        """The event id that first carried each replayed body (claimed in this batch or before)."""
+        wanted = {(r.provider, r.body_sha256) for r in rows
+                  if r.body_sha256 is not None and (r.provider, r.body_sha256) not in claims}
+        found = dict(claims)
+        if wanted:
+            # A separate statement: a claim committed by a concurrent batch after our statement's
+            # snapshot is visible only to a new one.
+            providers, hashes = zip(*wanted, strict=True)
+            for rec in await self._pool.fetch(db.query("find_body_hashes"), list(providers), list(hashes)):
+                found[(rec["provider"], rec["body_sha256"])] = rec["event_id"]
+        return found
+
+    async def _prune_body_hashes(self) -> None:
+        while True:
+            await asyncio.sleep(PRUNE_INTERVAL)
+            try:
+                await self._pool.execute(db.query("prune_body_hashes"))
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.info("could not prune expired body hashes", extra={"error": type(exc).__name__})

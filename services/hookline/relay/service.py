@@ -240,6 +240,15 @@ class Relay(LeasedConsumer):
     def _start(self, claimed: Claimed) -> None:
         self.spawn(claimed.id, self._deliver(claimed), self.lease_seconds, claimed.endpoint.name)
 
+    def suspect_partitions(self) -> dict[str, float]:
+        # A delivery whose relay died runs alone next time (core/consumer.py); an open circuit waits for its probe.
+        return {e.name: self.lease_seconds for e in self._endpoints.values() if e.enabled and not self._breaker_open(e)}
+
+    async def start_suspect(self, row: asyncpg.Record) -> None:
+        endpoint = self._endpoints.get(row["endpoint"])
+        if endpoint is not None:
+            await self._start_batch(endpoint, [row])
+
     def on_finished(self, id: int, partition: str, task: asyncio.Task[Any]) -> None:
         endpoint = self._endpoints.get(partition)
         if endpoint is not None and endpoint.ordered:
@@ -343,6 +352,7 @@ class Relay(LeasedConsumer):
             s, a = stats.get(name), ages.get(name)
             metrics.outbox_backlog.labels(name).set(s.backlog if s else 0)
             metrics.outbox_dead.labels(name).set(s.dead if s else 0)
+            metrics.outbox_suspects.labels(name).set(s.suspects if s else 0)
             metrics.outbox_oldest_undelivered.labels(name).set(float(a["seconds"]) if a else 0)
             metrics.outbox_parked.labels(name).set(int(a["parked"]) if a else 0)
             endpoint = self._endpoints.get(name)

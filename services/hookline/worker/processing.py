@@ -3,21 +3,36 @@
 Three paths, chosen by the provider:
 
 * ``handler`` taking ``(event, conn)``: the handler runs inside a transaction
-  that first proves the lease is still ours (row lock on the event) and then
-  marks the event done. Its database writes and "done" commit together or not
-  at all, so a crash or a lost lease can never leave the effect applied twice.
+  that ends with the guarded UPDATE marking the event done — guarded by (id,
+  attempts, locked_by), so it matches only while the lease is still ours. If it
+  does not match, the transaction rolls back with the handler's writes. No row
+  lock is taken before the handler runs (that cost a round trip per event): the
+  lease, kept alive by the heartbeat, is what keeps other workers away. The
+  handler's database writes and "done" commit together or not at all, so a
+  crash or a lost lease can never leave them applied twice.
+
+  What a handler may observe after a lost lease (its worker stalled longer than
+  ``leaseSeconds``, the sweeper took the event back and another worker claimed
+  it): the same event running at the same time in another worker, with a higher
+  ``event.attempts``; its own writes waiting for that attempt's row locks, or
+  failing on its unique keys; and being cancelled when the heartbeat notices the
+  loss. At most one of the attempts commits. Effects outside the transaction
+  (HTTP calls, files) are not rolled back and may happen twice.
 * ``handler`` taking ``(event)`` or a ``destination`` URL: the effect is outside
   our database, so it runs without a transaction and "done" is written in
-  batches. A crash between the effect and the bookkeeping repeats the call; the
+  batches. The lease is kept (the heartbeat extends it) until "done" commits; a
+  failed write is retried while the lease lasts and then left alone: the outcome
+  is unknown, the lease expires, and the next attempt repeats the effect. The
   ``Idempotency-Key: <provider>:<event_id>`` header lets the receiving side
-  collapse the repeat into one effect.
+  collapse such a repeat (or one after a crash) into one effect.
 * ``ordering``: the entity's state row is locked, the transition checked, and the
   effect, the new state, "done", and the release of the entity's deferred events
-  commit in one transaction.
+  commit in one transaction, guarded like the handler's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import logging
@@ -45,7 +60,8 @@ class Result(Enum):
     RETRY = "retry"
     DEFERRED = "deferred"
     DEAD = "dead"
-    LOST = "lost"  # the lease was taken from us; nothing was committed
+    LOST = "lost"  # the lease was taken from us; nothing of this attempt was committed
+    UNKNOWN = "unknown"  # the effect happened but "done" could not be written; the lease will expire
 
 
 class LeaseLost(Exception):
@@ -113,7 +129,7 @@ class Processor:
             else:
                 await self._effect(event, provider, None)
                 self._effect_done(event.id)
-                result = Result.DONE if await self._complete_later(event.id, event.attempts) else Result.LOST
+                result = await self._book_effect(event, provider)
         except LeaseLost:
             result = Result.LOST
         except PermanentFailure as exc:
@@ -126,6 +142,28 @@ class Processor:
         metrics.handler_duration.labels(event.provider).observe(time.perf_counter() - started)
         metrics.worker_events.labels(event.provider, result.value).inc()
         return result
+
+    async def _book_effect(self, event: Event, provider: Provider) -> Result:
+        """Write "done" for an effect that happened outside our database. Never books a retry or
+        a dead letter: the effect succeeded. Failed writes are retried for up to one lease length
+        (the heartbeat keeps the lease meanwhile); after that the outcome is unknown and the row is
+        left as it is, so its lease expires and the next attempt's guarded completion decides."""
+        give_up_at = time.monotonic() + provider.lease_seconds
+        pause = 0.05
+        while True:
+            try:
+                return Result.DONE if await self._complete_later(event.id, event.attempts) else Result.LOST
+            except Exception as exc:
+                if time.monotonic() + pause >= give_up_at:
+                    log.error("effect done but its completion could not be written; the lease will expire and "
+                              "the event run again", extra={"provider": event.provider, "event_id": event.event_id,
+                                                            "error": f"{type(exc).__name__}: {exc}"[:300]})
+                    return Result.UNKNOWN
+                log.warning("completion write failed; retrying while the lease lasts",
+                            extra={"provider": event.provider, "event_id": event.event_id,
+                                   "error": f"{type(exc).__name__}: {exc}"[:300]})
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     async def _effect(self, event: Event, provider: Provider, conn: asyncpg.Connection | None) -> None:
         if provider.handler:
@@ -182,12 +220,14 @@ class Processor:
         reason = (f"precondition_not_met: {event.event_type} needs entity {event.entity_key} in {wanted}, "
                   f"found {'no state' if state is None else repr(state)}")
         if remaining <= 0:
-            await INBOX.bury(conn, event.id, event.attempts, self.worker_id,
-                             f"{reason} after waiting {waited:.0f} s")
+            if not await INBOX.bury(conn, event.id, event.attempts, self.worker_id,
+                                    f"{reason} after waiting {waited:.0f} s"):
+                raise LeaseLost()
             return Result.DEAD
         # Applying the predecessor releases us at once; until then look again now and then.
-        await conn.execute(db.query("defer_event"), event.id, event.attempts, self.worker_id,
-                           min(remaining, 30.0), reason)
+        if await conn.fetchval(db.query("defer_event"), event.id, event.attempts, self.worker_id,
+                               min(remaining, 30.0), reason) is None:
+            raise LeaseLost()
         return Result.DEFERRED
 
     async def _finish_failure(self, event: Event, provider: Provider, error: str, *, permanent: bool = False,

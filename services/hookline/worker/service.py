@@ -5,6 +5,10 @@ not starve another) claim up to the free concurrency in one statement, start a
 task per event, and when nothing is due, sleep until the receiver's NOTIFY or
 the poll interval — whichever comes first — so an idle worker costs Postgres
 one cheap index probe per provider per poll interval.
+
+An event whose lease expired (its worker crashed, maybe because of it) is a
+suspect and runs alone in a worker (``core/consumer.py``); an event whose effect
+is done keeps its lease until its batched completion commits.
 """
 
 from __future__ import annotations
@@ -103,6 +107,20 @@ class Worker(LeasedConsumer):
         await self.session.close()
         log.info("worker stopped", extra={"worker": self.worker_id})
 
+    def suspect_partitions(self) -> dict[str, float]:
+        return {p.name: float(p.lease_seconds) for p in self.providers()}
+
+    async def start_suspect(self, row: asyncpg.Record) -> None:
+        provider = self.registry.all().get(row["provider"])
+        if provider is not None:
+            self._start(provider, row)
+
+    def _start(self, provider: Provider, row: asyncpg.Record) -> None:
+        event = Event.from_row(row)
+        deferred_since = row["deferred_since"].timestamp() if row["deferred_since"] else None
+        self.spawn(event.id, self.processor.process(event, provider, deferred_since), provider.lease_seconds,
+                   provider.name)
+
     async def claim_round(self) -> int:
         providers = self.providers()
         if not providers:
@@ -115,10 +133,7 @@ class Worker(LeasedConsumer):
             rows = await INBOX.claim(self.pool, provider.name, self.free_slots, self.worker_id,
                                      provider.lease_seconds)
             for row in rows:
-                event = Event.from_row(row)
-                deferred_since = row["deferred_since"].timestamp() if row["deferred_since"] else None
-                self.spawn(event.id, self.processor.process(event, provider, deferred_since),
-                           provider.lease_seconds, provider.name)
+                self._start(provider, row)
             claimed += len(rows)
         return claimed
 
@@ -137,6 +152,7 @@ class StatsReporter:
             metrics.inbox_backlog.labels(name).set(s.backlog if s else 0)
             metrics.inbox_oldest_pending.labels(name).set(s.oldest_pending_seconds if s else 0)
             metrics.inbox_dead.labels(name).set(s.dead if s else 0)
+            metrics.inbox_suspects.labels(name).set(s.suspects if s else 0)
 
     async def _run(self) -> None:
         while True:

@@ -34,6 +34,50 @@ WITH stored AS (
 )
 SELECT provider, event_id, pg_notify('hookline_inbox', provider) FROM stored;
 
+-- name: insert_inbox_batch_replay_protected
+-- insert_inbox_batch for a batch with rows of replay-protected providers ($8 = sha256 of
+-- the body, $9 = window in seconds; both NULL for other rows). Each body hash is claimed
+-- for the window by the first row that carries it (DISTINCT ON: one claim per hash, so
+-- ON CONFLICT never meets the same key twice); a hash still held by an earlier event is
+-- not re-claimed, and its row is not stored. RETURNING: stored rows (body_sha256 NULL)
+-- and the claims made now (body_sha256 set, event_id = the claiming row).
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::bytea[], $7::text[],
+                         $8::bytea[], $9::float8[]) WITH ORDINALITY
+        AS t(provider, event_id, event_type, entity_key, headers, body, content_type, body_sha256,
+             window_seconds, position)
+), claimed AS (
+    INSERT INTO hookline.inbox_body_hashes AS h (provider, body_sha256, event_id, expires_at)
+    SELECT DISTINCT ON (provider, body_sha256) provider, body_sha256, event_id,
+           now() + make_interval(secs => window_seconds)
+    FROM input WHERE body_sha256 IS NOT NULL
+    ORDER BY provider, body_sha256, position
+    ON CONFLICT (provider, body_sha256) DO UPDATE
+        SET event_id = EXCLUDED.event_id, expires_at = EXCLUDED.expires_at
+        WHERE h.expires_at <= now()
+    RETURNING provider, body_sha256, event_id
+), stored AS (
+    INSERT INTO hookline.inbox (provider, event_id, event_type, entity_key, headers, body, content_type)
+    SELECT i.provider, i.event_id, i.event_type, i.entity_key, i.headers, i.body, i.content_type
+    FROM input i
+    WHERE i.body_sha256 IS NULL
+       OR EXISTS (SELECT 1 FROM claimed c WHERE c.provider = i.provider AND c.body_sha256 = i.body_sha256
+                  AND c.event_id = i.event_id)
+    ON CONFLICT (provider, event_id) DO NOTHING
+    RETURNING provider, event_id
+)
+SELECT provider, event_id, NULL::bytea AS body_sha256, pg_notify('hookline_inbox', provider) FROM stored
+UNION ALL
+SELECT provider, event_id, body_sha256, NULL FROM claimed;
+
+-- name: find_body_hashes
+-- The event that first carried each replayed body, for the duplicate answer.
+SELECT provider, body_sha256, event_id FROM hookline.inbox_body_hashes
+WHERE (provider, body_sha256) IN (SELECT * FROM unnest($1::text[], $2::bytea[]));
+
+-- name: prune_body_hashes
+DELETE FROM hookline.inbox_body_hashes WHERE expires_at < now();
+
 -- name: ping
 SELECT 1;
 

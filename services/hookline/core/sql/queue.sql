@@ -5,15 +5,21 @@
 -- Lifecycle: pending -> processing (claimed, leased, attempts + 1) -> done | pending
 -- (retry, deferral, released lease) | dead. Attempts are counted at claim time, so
 -- an attempt whose worker dies still counts when its lease expires.
+--
+-- Suspects: a row whose lease expired (its consumer died, was killed or stalled)
+-- may be what killed its consumer. The sweep marks it `suspect`; normal claims
+-- skip suspects and `claim_suspect` takes them one at a time, for a consumer
+-- that has nothing else in flight. "done" clears the mark.
 
 -- name: claim
 -- One statement claims a batch: the CTE picks the oldest due rows of one
 -- partition through the partial "claimable" index, skipping rows another worker
 -- has locked this instant, and the UPDATE leases them to this worker.
 -- Ordered queues add the ordered_claim_filter below to the WHERE clause.
+-- Suspects are left to claim_suspect: they must run alone.
 WITH picked AS (
     SELECT c.id FROM {table} AS c
-    WHERE c.status = 'pending' AND c.{partition} = $1 AND c.next_attempt_at <= now()
+    WHERE c.status = 'pending' AND c.{partition} = $1 AND c.next_attempt_at <= now() AND NOT c.suspect
       {claim_filter}
     ORDER BY c.next_attempt_at, c.id
     LIMIT $2
@@ -41,6 +47,38 @@ AND (c.{order_key} IS NULL OR NOT EXISTS (
     WHERE older.{partition} = c.{partition} AND older.{order_key} = c.{order_key} AND older.id < c.id
       AND older.status IN ('pending', 'processing', 'parked')))
 
+-- name: claim_suspect
+-- One due suspect of any of the partitions $1 (with their lease lengths $2), for
+-- a consumer that has nothing else in flight and will claim nothing else until
+-- this one ends: if it crashes its consumer again, it costs no other row an
+-- attempt. No ordered filter is needed: a suspect was the oldest unfinished row
+-- of its key when it was claimed, and while it is pending the ordered filter
+-- holds every newer row of that key back.
+WITH lease AS (
+    SELECT * FROM unnest($1::text[], $2::float8[]) AS l(part, seconds)
+), picked AS (
+    SELECT c.id, lease.seconds FROM {table} AS c JOIN lease ON c.{partition} = lease.part
+    WHERE c.status = 'pending' AND c.suspect AND c.next_attempt_at <= now()
+    ORDER BY c.next_attempt_at, c.id
+    LIMIT 1
+    FOR UPDATE OF c SKIP LOCKED
+)
+UPDATE {table} AS t
+SET status = 'processing',
+    attempts = t.attempts + 1,
+    locked_by = $3,
+    lease_expires_at = now() + make_interval(secs => picked.seconds)
+FROM picked
+WHERE t.id = picked.id
+RETURNING t.*;
+
+-- name: suspects_due
+-- Whether a suspect of the partitions $1 is due: a busy consumer asks this now
+-- and then, and drains (claims nothing new) until it can run the suspect alone.
+SELECT EXISTS (
+    SELECT 1 FROM {table}
+    WHERE status = 'pending' AND suspect AND {partition} = ANY($1::text[]) AND next_attempt_at <= now());
+
 -- name: extend_leases
 -- Heartbeat: extend this worker's leases and return the ids it has LOST (taken
 -- back by the sweeper, re-claimed by another worker, or buried). Rows locked at
@@ -65,7 +103,7 @@ WHERE t.id = ANY($1::bigint[]) AND t.status <> 'done'
 -- ours: no row back means another worker owns the event now, and we roll back.
 UPDATE {table} AS t
 SET status = 'done', processed_at = now(), lease_expires_at = NULL, locked_by = NULL,
-    last_error = NULL, deferred_since = NULL
+    last_error = NULL, deferred_since = NULL, suspect = false
 FROM unnest($1::bigint[], $2::integer[]) AS c(id, attempts)
 WHERE t.id = c.id AND t.attempts = c.attempts AND t.status = 'processing' AND t.locked_by = $3
 RETURNING t.id;
@@ -99,15 +137,18 @@ RETURNING t.id;
 -- backoff as a failed attempt. Policies come in as arrays (partition,
 -- max_attempts, initial_delay, max_delay); unknown partitions get the defaults
 -- $5..$7; $9 limits the sweep to one partition. Locked rows are skipped: a worker still holding its row lock is still
--- working on it.
+-- working on it. Every row taken back becomes a suspect (see claim_suspect), and
+-- each gets its own random delay in the backoff window (random() is drawn per
+-- row), so rows that were claimed together are not due together again. The old
+-- holder is returned so that crashes can be counted per consumer.
 WITH policy AS (
     SELECT * FROM unnest($1::text[], $2::integer[], $3::float8[], $4::float8[])
         AS p(name, max_attempts, initial_delay, max_delay)
 ), expired AS (
-    SELECT e.id, e.attempts >= coalesce(p.max_attempts, $5) AS exhausted,
+    SELECT e.id, e.locked_by, e.attempts >= coalesce(p.max_attempts, $5) AS exhausted,
            coalesce(p.initial_delay, $6) AS initial_delay, coalesce(p.max_delay, $7) AS max_delay
     FROM (
-        SELECT id, {partition} AS part, attempts FROM {table}
+        SELECT id, {partition} AS part, attempts, locked_by FROM {table}
         WHERE status = 'processing' AND lease_expires_at < now()
           AND ($9::text IS NULL OR {partition} = $9)
         ORDER BY lease_expires_at
@@ -123,10 +164,11 @@ SET status = CASE WHEN x.exhausted THEN 'dead' ELSE 'pending' END,
         least(x.max_delay, x.initial_delay * 2 ^ least(t.attempts - 1, 30)) - x.initial_delay)),
     last_error = format('lease expired during attempt %s (worker %s died or stalled)', t.attempts, t.locked_by),
     lease_expires_at = NULL,
-    locked_by = NULL
+    locked_by = NULL,
+    suspect = true
 FROM expired AS x
 WHERE t.id = x.id
-RETURNING t.id, t.{partition} AS partition, t.status;
+RETURNING t.id, t.{partition} AS partition, t.status, x.locked_by AS holder;
 
 -- name: replay_dead
 -- Requeue dead rows (all, or one partition), optionally only those that died
@@ -147,7 +189,8 @@ SELECT {partition} AS partition,
        count(*) FILTER (WHERE status = 'pending') AS backlog,
        coalesce(extract(epoch FROM now() - min(next_attempt_at) FILTER (WHERE status = 'pending')), 0)
            AS oldest_pending_seconds,
-       count(*) FILTER (WHERE status = 'dead') AS dead
+       count(*) FILTER (WHERE status = 'dead') AS dead,
+       count(*) FILTER (WHERE status = 'pending' AND suspect) AS suspects
 FROM {table}
 WHERE status IN ('pending', 'dead')
 GROUP BY {partition};
