@@ -152,10 +152,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow endpoints on loopback/private addresses (or HOOKLINE_ALLOW_PRIVATE_NETWORKS=true)")
     p.add_argument("--retention-hours", type=float, default=72.0,
                    help="delete delivered events older than this (default 72; 0 keeps them)")
-    p.add_argument("--breaker-threshold", type=int, default=5,
-                   help="consecutive failures that open an endpoint's circuit (default 5)")
-    p.add_argument("--probe-interval", type=float, default=30.0,
-                   help="seconds between probes while a circuit is open (default 30)")
+    b = p.add_argument_group(
+        "circuit breaker (per endpoint, shared by all relays through Postgres)",
+        "A circuit opens when at least --breaker-failure-rate of the attempts in the last --breaker-window "
+        "seconds failed, once that window holds --breaker-min-volume attempts. While open, nothing is sent "
+        "to the endpoint but one probe per --breaker-probe-interval, preferably a delivery that failed before "
+        "(its success is the best sign of recovery). --breaker-close-after successful probes close it; a failed "
+        "probe re-opens it. Give every relay the same values.")
+    b.add_argument("--breaker-failure-rate", type=float, default=0.9, metavar="SHARE",
+                   help="share of failed attempts (0-1] that opens the circuit (default 0.9: an endpoint failing "
+                   "half of its attempts keeps receiving)")
+    b.add_argument("--breaker-min-volume", type=int, default=20, metavar="N",
+                   help="attempts the window must hold before the rate can open it (default 20)")
+    b.add_argument("--breaker-window", type=float, default=60.0, metavar="SECONDS",
+                   help="how far back the failure rate looks (default 60)")
+    b.add_argument("--breaker-probe-interval", type=float, default=30.0, metavar="SECONDS",
+                   help="how long an open circuit waits before its next probe (default 30)")
+    b.add_argument("--breaker-close-after", type=int, default=3, metavar="N",
+                   help="successful probes that close a half-open circuit (default 3)")
     p.add_argument("--lease-seconds", type=float, default=60.0, help="delivery lease, renewed while in flight")
     _add_consumer_flags(p, "deliveries", port=8082)
 

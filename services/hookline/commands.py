@@ -224,17 +224,22 @@ async def dlq(args: argparse.Namespace) -> int:
 
 async def relay(args: argparse.Namespace) -> int:
     from hookline.core.config import env_flag
+    from hookline.relay.breaker import BreakerSettings
     from hookline.relay.service import Relay
 
     if args.concurrency < 1:
         return _fail("--concurrency must be at least 1")
+    breaker = BreakerSettings(failure_rate=args.breaker_failure_rate, min_volume=args.breaker_min_volume,
+                              window_seconds=args.breaker_window, probe_interval=args.breaker_probe_interval,
+                              close_after=args.breaker_close_after)
+    if problems := breaker.problems():
+        return _fail("; ".join(problems))
     allow_private = args.allow_private_networks or env_flag("HOOKLINE_ALLOW_PRIVATE_NETWORKS")
     pool = await db.create_pool(max_size=pools.relay(args.concurrency))
     service = Relay(pool, concurrency=args.concurrency, allow_private_networks=allow_private,
                     host=args.host, port=args.port, poll_interval=args.poll_interval,
                     lease_seconds=args.lease_seconds, grace_period=args.grace_period,
-                    retention_hours=args.retention_hours, breaker_threshold=args.breaker_threshold,
-                    probe_interval=args.probe_interval)
+                    retention_hours=args.retention_hours, breaker=breaker)
 
     async def stop() -> None:
         await service.stop()
@@ -263,7 +268,7 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
         elif args.action == "list":
             print(f"{'NAME':<20} {'STATE':<9} {'ORDERED':<8} {'EVENT TYPES':<28} {'SECRET':<20} URL")
             for e in await endpoints.load(conn):
-                state = "disabled" if not e.enabled else "open" if e.circuit_open_until else "enabled"
+                state = "disabled" if not e.enabled else str(e.circuit.state)  # closed, open, half_open
                 secret = endpoints.fingerprint(e.secrets[0]) if e.secrets else "-"
                 print(f"{e.name:<20} {state:<9} {'yes' if e.ordered else 'no':<8} "
                       f"{','.join(e.event_types):<28} {secret:<20} {e.url}")

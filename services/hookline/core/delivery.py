@@ -5,15 +5,20 @@ answer, not an instruction to send a signed payload elsewhere), at most
 ``max_response_bytes`` of the answer read, and optionally no connections to
 loopback, private, link-local or otherwise internal addresses — checked on the
 resolved address at connect time, so DNS cannot be used to slip past the check.
+IPv6 addresses that carry an IPv4 address (NAT64, 6to4, Teredo, IPv4-mapped and
+-compatible) are judged by the IPv4 address they lead to: ``64:ff9b::a00:5``
+reaches 10.0.0.5 through a NAT64 gateway, so it is as internal as 10.0.0.5.
 """
 
 from __future__ import annotations
 
+import enum
 import ipaddress
 import socket
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
+from ipaddress import IPv4Address, IPv6Address, IPv6Network
 from typing import Any
 
 import aiohttp
@@ -26,11 +31,65 @@ class BlockedAddress(aiohttp.ClientConnectionError):
     """The URL resolves to an address that outgoing webhooks may not reach."""
 
 
-def is_internal(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
+class DeliveryErrorKind(enum.StrEnum):
+    """Why a delivery got no HTTP answer, for callers that act on the reason (not on the message)."""
+
+    BLOCKED = "blocked"  # the private-address guard refused the address: nothing was sent
+    TIMEOUT = "timeout"
+    CONNECTION = "connection"  # refused, reset, DNS or TLS failure: the endpoint was not reached
+
+
+# Prefixes whose addresses carry an IPv4 address in their last 32 bits.
+_LAST_32_BITS = (
+    IPv6Network("::ffff:0:0/96"),  # IPv4-mapped
+    IPv6Network("::ffff:0:0:0/96"),  # IPv4-translated (SIIT)
+    IPv6Network("::/96"),  # IPv4-compatible (deprecated; also holds :: and ::1)
+    IPv6Network("64:ff9b::/96"),  # NAT64 well-known prefix (RFC 6052)
+)
+_NAT64_LOCAL_USE = IPv6Network("64:ff9b:1::/48")  # RFC 8215: the operator picks the prefix length
+_SIX_TO_FOUR = IPv6Network("2002::/16")
+_TEREDO = IPv6Network("2001::/32")
+
+
+def _rfc6052_ipv4(ip: IPv6Address, prefix_length: int) -> IPv4Address:
+    """The IPv4 address embedded after a NAT64 prefix of this length (RFC 6052 section 2.2):
+    bits 64-71 are the reserved "u" octet and never carry address bits."""
+    packed = ip.packed
+    if prefix_length == 96:
+        return IPv4Address(packed[12:])
+    without_u = packed[:8] + packed[9:]
+    start = prefix_length // 8
+    return IPv4Address(without_u[start:start + 4])
+
+
+def embedded_ipv4(ip: IPv6Address) -> tuple[IPv4Address, ...]:
+    """The IPv4 addresses a packet sent to ``ip`` may be delivered to by a translator or tunnel
+    (empty for an ordinary IPv6 address). Where the embedding is ambiguous (a local-use NAT64
+    prefix of unknown length) every candidate is returned, so the caller can fail closed."""
+    if any(ip in network for network in _LAST_32_BITS):
+        return (IPv4Address(int(ip) & 0xFFFFFFFF),)
+    if ip in _NAT64_LOCAL_USE:
+        return tuple(_rfc6052_ipv4(ip, length) for length in (48, 56, 64, 96))
+    if ip in _SIX_TO_FOUR:
+        return (IPv4Address((int(ip) >> 80) & 0xFFFFFFFF),)
+    if ip in _TEREDO:  # server in bits 32-63; client in the last 32 bits, inverted
+        return (IPv4Address((int(ip) >> 64) & 0xFFFFFFFF), IPv4Address(~int(ip) & 0xFFFFFFFF))
+    return ()
+
+
+def _not_public(ip: IPv4Address | IPv6Address) -> bool:
     return not ip.is_global or ip.is_multicast
+
+
+def is_internal(address: str) -> bool:
+    """Whether outgoing webhooks must not reach ``address``: loopback, private, link-local,
+    shared, reserved, multicast — directly or through an IPv6 form that embeds such an IPv4."""
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, IPv6Address) and (embedded := embedded_ipv4(ip)):
+        # Judged by where the packet ends up; the prefixes themselves are not private
+        # (Python's verdict on them also differs between versions).
+        return any(_not_public(v4) for v4 in embedded)
+    return _not_public(ip)
 
 
 class PublicOnlyResolver(AbstractResolver):
@@ -81,6 +140,7 @@ class DeliveryResult:
     latency: float
     error: str | None = None
     retry_after: float | None = None
+    error_kind: DeliveryErrorKind | None = None  # set when status is None and the cause is known
 
     @property
     def ok(self) -> bool:
@@ -121,11 +181,12 @@ async def post(session: aiohttp.ClientSession, url: str, body: bytes, headers: d
                 retry_after=parse_retry_after(response.headers.get("Retry-After")),
             )
     except TimeoutError:
-        error = f"timed out after {timeout:g} s"
+        error, kind = f"timed out after {timeout:g} s", DeliveryErrorKind.TIMEOUT
     except BlockedAddress as exc:
-        error = str(exc)
+        error, kind = str(exc), DeliveryErrorKind.BLOCKED
     except aiohttp.ClientError as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        error, kind = f"{type(exc).__name__}: {exc}", DeliveryErrorKind.CONNECTION
     except OSError as exc:
-        error = f"{type(exc).__name__}: {exc.strerror or exc}"
-    return DeliveryResult(status=None, body="", latency=time.perf_counter() - started, error=error)
+        error, kind = f"{type(exc).__name__}: {exc.strerror or exc}", DeliveryErrorKind.CONNECTION
+    return DeliveryResult(status=None, body="", latency=time.perf_counter() - started, error=error,
+                          error_kind=kind)

@@ -81,6 +81,17 @@ outbox_suspects = Gauge("hookline_outbox_suspects", "Pending deliveries waiting 
                         ["endpoint"])
 outbox_parked = Gauge("hookline_outbox_parked", "Deliveries parked while their endpoint is disabled.", ["endpoint"])
 relay_circuit_open = Gauge(
-    "hookline_relay_circuit_open", "1 while the endpoint's circuit breaker is open (probing only).", ["endpoint"]
+    "hookline_relay_circuit_open", "1 while the endpoint's circuit breaker is open or half-open (probing only).",
+    ["endpoint"]
+)
+relay_circuit_state = Gauge(
+    "hookline_relay_circuit_state", "The endpoint's circuit breaker: 0 closed, 1 half-open (probing), 2 open.",
+    ["endpoint"]
+)
+relay_circuit_transitions = Counter(
+    "hookline_relay_circuit_transitions_total",
+    "Circuit breaker transitions by endpoint and new state (closed, open, half_open); each transition is "
+    "counted by the one relay that made it.",
+    ["endpoint", "to"],
 )
 outbox_retention_deleted = Counter("hookline_outbox_retention_deleted_total", "Delivered events deleted by retention.")

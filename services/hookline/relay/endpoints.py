@@ -21,6 +21,7 @@ from hookline import outbox
 from hookline.core.providers import active_secrets
 from hookline.core.queue import RetryPolicy
 from hookline.core.signatures import get_scheme, sign_standard_webhooks
+from hookline.relay.breaker import Circuit
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 EVENT_TYPE = re.compile(r"^(\*|[A-Za-z0-9_.:/-]+(\.\*)?)$")
@@ -40,8 +41,7 @@ class Endpoint:
     retry: RetryPolicy
     timeout: float
     enabled: bool
-    consecutive_failures: int
-    circuit_open_until: datetime | None
+    circuit: Circuit
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Endpoint:
@@ -49,8 +49,7 @@ class Endpoint:
             name=row["name"], url=row["url"], event_types=tuple(row["event_types"]), ordered=row["ordered"],
             secrets=tuple(active_secrets(_json(row["secrets"]))),
             retry=RetryPolicy(row["max_attempts"], row["initial_delay_seconds"], row["max_delay_seconds"]),
-            timeout=row["timeout_seconds"], enabled=row["enabled"],
-            consecutive_failures=row["consecutive_failures"], circuit_open_until=row["circuit_open_until"],
+            timeout=row["timeout_seconds"], enabled=row["enabled"], circuit=Circuit.from_row(row),
         )
 
 

@@ -38,12 +38,14 @@ from hookline import outbox
 from hookline.core import delivery, http, metrics
 from hookline.core.batching import Batcher
 from hookline.core.consumer import LeasedConsumer
-from hookline.core.delivery import DeliveryResult
+from hookline.core.delivery import DeliveryErrorKind, DeliveryResult
 from hookline.core.maintenance import sweep_once
 from hookline.core.providers import active_secrets
 from hookline.core.queue import OUTBOX, truncate_error
 from hookline.core.signatures import sign_standard_webhooks
+from hookline.relay import breaker
 from hookline.relay import endpoints as endpoints_mod
+from hookline.relay.breaker import BreakerSettings, CircuitState, CircuitUpdate, Outcomes
 from hookline.relay.endpoints import Endpoint
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ class Claimed:
     endpoint: Endpoint
     event_id: str
     body: bytes
+    probe: bool = False  # the probe of a half-open circuit: its outcome decides the circuit
 
 
 def envelope(event_type: str, created_at: datetime, payload: object) -> bytes:
@@ -73,7 +76,7 @@ def classify(result: DeliveryResult) -> str:
     if result.ok:
         return "delivered"
     if result.status is None:
-        return "blocked" if result.error and "internal address" in result.error else "no_response"
+        return "blocked" if result.error_kind is DeliveryErrorKind.BLOCKED else "no_response"
     if result.status == 410:
         return "gone"
     if result.status == 429:
@@ -83,12 +86,18 @@ def classify(result: DeliveryResult) -> str:
     return "client_error"  # other 4xx (and stray 1xx/3xx): retried, but the receiver is likely misconfigured
 
 
+CircuitsChanged = Callable[[list[CircuitUpdate]], None]
+
+
 class Completer:
     """Successful deliveries booked in batches (the shared group-commit ``Batcher``): one
-    transaction marks a batch done, stores each answer and closes the endpoints' circuits."""
+    transaction marks a batch done, stores each answer and counts the successes in the
+    endpoints' circuit breakers."""
 
-    def __init__(self, pool: asyncpg.Pool, worker_id: str, max_batch: int = 500, window: float = 0.005) -> None:
+    def __init__(self, pool: asyncpg.Pool, worker_id: str, settings: BreakerSettings, on_circuits: CircuitsChanged,
+                 max_batch: int = 500, window: float = 0.005) -> None:
         self._pool, self._worker_id = pool, worker_id
+        self._settings, self._on_circuits = settings, on_circuits
         self._batcher: Batcher[tuple[Claimed, DeliveryResult], bool] = Batcher(
             self._write, name="relay-completions", max_batch=max_batch, window=window)
 
@@ -110,7 +119,14 @@ class Completer:
                 outbox.query("record_responses"), [c.id for c, _ in booked], [r.status for _, r in booked],
                 [r.body[:RESPONSE_STORED] for _, r in booked], [r.latency * 1000 for _, r in booked],
             )
-            await conn.execute(outbox.query("endpoints_succeeded"), sorted({c.endpoint.name for c, _ in booked}))
+            successes: dict[str, Outcomes] = {}
+            for c, _ in booked:
+                n = successes.get(c.endpoint.name, Outcomes())
+                successes[c.endpoint.name] = dataclasses.replace(
+                    n, probe_successes=n.probe_successes + 1) if c.probe else dataclasses.replace(
+                    n, successes=n.successes + 1)
+            updates = await breaker.record_outcomes(conn, self._settings, successes)
+        self._on_circuits(updates)
         return [c.id in done for c, _ in batch]
 
 
@@ -121,7 +137,7 @@ class Relay(LeasedConsumer):
     def __init__(self, pool: asyncpg.Pool, *, concurrency: int = 64, allow_private_networks: bool = False,
                  host: str = "0.0.0.0", port: int | None = None, poll_interval: float = 1.0,
                  lease_seconds: float = 60.0, grace_period: float = 25.0, retention_hours: float = 72.0,
-                 breaker_threshold: int = 5, probe_interval: float = 30.0, sweep_interval: float = 5.0,
+                 breaker: BreakerSettings | None = None, sweep_interval: float = 5.0,
                  stats_interval: float = 5.0, worker_id: str | None = None) -> None:
         super().__init__(pool, OUTBOX, worker_id=worker_id or f"relay:{socket.gethostname()}:{os.getpid()}:"
                          f"{uuid.uuid4().hex[:6]}", channels=("hookline_outbox", "hookline_endpoints"),
@@ -131,16 +147,17 @@ class Relay(LeasedConsumer):
         self.host, self.port = host, port
         self.lease_seconds = lease_seconds
         self.retention_seconds = retention_hours * 3600
-        self.breaker_threshold = breaker_threshold
-        self.probe_interval = probe_interval
+        self.breaker = breaker or BreakerSettings()
         self.sweep_interval = sweep_interval
         self.stats_interval = stats_interval
-        self.completer = Completer(pool, self.worker_id)
+        self.completer = Completer(pool, self.worker_id, self.breaker, self._circuits_changed)
         self.session = delivery.create_session(allow_private_networks=allow_private_networks,
                                                connections=concurrency)
         self._endpoints: dict[str, Endpoint] = {}
         self._endpoints_loaded = 0.0
         self._rotation = 0
+        self._probes: dict[str, int] = {}  # endpoint -> the delivery this relay sends as its probe
+        self._probe_looked: dict[str, float] = {}  # endpoint -> when a probe was last asked for in vain
         self._runner: web.AppRunner | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -177,7 +194,19 @@ class Relay(LeasedConsumer):
         self._endpoints_loaded = time.monotonic()
 
     def _breaker_open(self, endpoint: Endpoint) -> bool:
-        return endpoint.consecutive_failures >= self.breaker_threshold
+        """Open or half-open: only probes go through."""
+        return endpoint.circuit.state is not CircuitState.CLOSED
+
+    def _circuits_changed(self, updates: list[CircuitUpdate]) -> None:
+        """Our own bookkeeping's view of circuits takes effect at once; other relays' arrives with the
+        next endpoint refresh (every poll interval)."""
+        for update in updates:
+            breaker.report(update)
+            cached = self._endpoints.get(update.endpoint)
+            if cached is not None:
+                self._endpoints[update.endpoint] = dataclasses.replace(cached, circuit=update.circuit)
+            if update.circuit.state is not CircuitState.OPEN and update.before is not CircuitState.CLOSED:
+                self.wake()  # the next probe, or the closed circuit's backlog, may go now
 
     def _per_endpoint_limit(self, active: int) -> int:
         # One endpoint that hangs until its timeout must not take every slot from
@@ -211,11 +240,9 @@ class Relay(LeasedConsumer):
             if limit <= 0:
                 continue
             if self._breaker_open(endpoint):
-                # Open circuit: one probe per interval, across all relays (the UPDATE decides who).
-                if busy or not await self.pool.fetchval(outbox.query("take_probe"), endpoint.name,
-                                                        self.breaker_threshold, self.probe_interval):
-                    continue
-                limit = 1
+                if not busy:
+                    claimed += await self._probe(endpoint)
+                continue
             rows = await OUTBOX.claim(self.pool, endpoint.name, limit, self.worker_id, self.lease_seconds,
                                       ordered=endpoint.ordered)
             if rows:
@@ -223,10 +250,35 @@ class Relay(LeasedConsumer):
             claimed += len(rows)
         return claimed
 
-    async def _start_batch(self, endpoint: Endpoint, rows: list[asyncpg.Record]) -> None:
+    async def _probe(self, endpoint: Endpoint) -> int:
+        """Send an open or half-open circuit's next probe if it is due and no relay holds it."""
+        name, circuit = endpoint.name, endpoint.circuit
+        if name in self._probes or time.monotonic() - self._probe_looked.get(name, -1e9) < self.poll_interval:
+            return 0
+        if circuit.probe_not_before is not None and circuit.probe_not_before > datetime.now(UTC):
+            return 0  # not due by our clock; the database's clock decides when it is close
+        # Held until the probe's outcome is booked; the hold only matters if this relay dies meanwhile.
+        hold = max(self.breaker.probe_interval, endpoint.timeout) + 5.0
+        taken = await breaker.take_probe(self.pool, name, hold)
+        if taken is None:
+            self._probe_looked[name] = time.monotonic()
+            return 0
+        self._circuits_changed([taken])
+        row = await self.pool.fetchrow(outbox.query("claim_probe"), name, self.worker_id, float(self.lease_seconds),
+                                       endpoint.ordered)
+        if row is None:
+            await breaker.release_probe(self.pool, name)
+            self._probe_looked[name] = time.monotonic()
+            return 0
+        self._probes[name] = row["id"]
+        await self._start_batch(self._endpoints.get(name, endpoint), [row], probe=True)
+        return 1
+
+    async def _start_batch(self, endpoint: Endpoint, rows: list[asyncpg.Record], *, probe: bool = False) -> None:
         events = {r["id"]: r for r in await self.pool.fetch(
             outbox.query("claimed_events"), [r["outbox_id"] for r in rows], endpoint.name)}
         if not events:
+            self._probes.pop(endpoint.name, None)
             return  # the endpoint was deleted just now, and its deliveries with it
         secrets = tuple(active_secrets(next(iter(events.values()))["secrets"]))
         if secrets != endpoint.secrets:  # rotated since the cache was loaded
@@ -235,7 +287,7 @@ class Relay(LeasedConsumer):
         for row in rows:
             event = events[row["outbox_id"]]
             self._start(Claimed(row["id"], row["attempts"], endpoint, event["event_id"],
-                                envelope(event["event_type"], event["created_at"], event["payload"])))
+                                envelope(event["event_type"], event["created_at"], event["payload"]), probe))
 
     def _start(self, claimed: Claimed) -> None:
         self.spawn(claimed.id, self._deliver(claimed), self.lease_seconds, claimed.endpoint.name)
@@ -250,6 +302,8 @@ class Relay(LeasedConsumer):
             await self._start_batch(endpoint, [row])
 
     def on_finished(self, id: int, partition: str, task: asyncio.Task[Any]) -> None:
+        if self._probes.get(partition) == id:
+            del self._probes[partition]
         endpoint = self._endpoints.get(partition)
         if endpoint is not None and endpoint.ordered:
             self.wake()  # a finished delivery may be what its aggregate's next event waits for
@@ -309,13 +363,9 @@ class Relay(LeasedConsumer):
                 return  # the lease was lost meanwhile; whoever holds it now books it
             await conn.execute(outbox.query("record_responses"), [claimed.id], [result.status],
                                [result.body[:RESPONSE_STORED]], [result.latency * 1000])
-            state = await conn.fetchrow(outbox.query("endpoint_failed"), endpoint.name, self.breaker_threshold,
-                                        self.probe_interval)
-        if state is not None and (cached := self._endpoints.get(endpoint.name)) is not None:
-            # Our own failures take effect at once; other relays' arrive with the next refresh.
-            self._endpoints[endpoint.name] = dataclasses.replace(
-                cached, consecutive_failures=state["consecutive_failures"],
-                circuit_open_until=state["circuit_open_until"])
+            failed = Outcomes(probe_failures=1) if claimed.probe else Outcomes(failures=1)
+            updates = await breaker.record_outcomes(conn, self.breaker, {endpoint.name: failed})
+        self._circuits_changed(updates)
 
     # --- background work -------------------------------------------------------------------
 
@@ -356,7 +406,9 @@ class Relay(LeasedConsumer):
             metrics.outbox_oldest_undelivered.labels(name).set(float(a["seconds"]) if a else 0)
             metrics.outbox_parked.labels(name).set(int(a["parked"]) if a else 0)
             endpoint = self._endpoints.get(name)
-            metrics.relay_circuit_open.labels(name).set(int(endpoint is not None and self._breaker_open(endpoint)))
+            state = endpoint.circuit.state if endpoint is not None else CircuitState.CLOSED
+            metrics.relay_circuit_state.labels(name).set(breaker.STATE_VALUE[state])
+            metrics.relay_circuit_open.labels(name).set(int(state is not CircuitState.CLOSED))
 
     async def _maintenance_loop(self) -> None:
         jobs: tuple[tuple[Callable[[], Awaitable[object]], float], ...] = (

@@ -22,7 +22,8 @@ DELETE FROM hookline.endpoints WHERE name = $1 RETURNING name;
 WITH e AS (
     UPDATE hookline.endpoints
     SET enabled = true, disabled_at = NULL, disabled_reason = NULL, consecutive_failures = 0,
-        circuit_open_until = NULL
+        circuit_open_until = NULL, circuit_state = 'closed', circuit_changed_at = now(), window_started_at = NULL,
+        window_successes = 0, window_failures = 0, previous_successes = 0, previous_failures = 0
     WHERE name = $1
     RETURNING name
 ), unparked AS (
@@ -78,29 +79,75 @@ SET last_status = r.status, last_response = r.body, last_latency_ms = r.latency_
 FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::float8[]) AS r(id, status, body, latency_ms)
 WHERE d.id = r.id;
 
--- name: endpoints_succeeded
--- Any success closes the circuit.
-UPDATE hookline.endpoints SET consecutive_failures = 0, circuit_open_until = NULL
-WHERE name = ANY($1::text[]) AND (consecutive_failures <> 0 OR circuit_open_until IS NOT NULL);
+-- name: lock_circuits
+-- The circuit breaker columns of endpoints $1 (sorted by the caller: relays lock
+-- rows in the same order), locked until the caller's transaction commits, with
+-- the database's clock: hookline/relay/breaker.py decides, store_circuits writes.
+SELECT name, circuit_state, circuit_changed_at, circuit_open_until, window_started_at, window_successes,
+       window_failures, previous_successes, previous_failures, probe_successes, probe_failures,
+       consecutive_failures, now() AS now
+FROM hookline.endpoints
+WHERE name = ANY($1::text[])
+ORDER BY name
+FOR UPDATE;
 
--- name: endpoint_failed
--- One more consecutive failure; at the threshold ($2) the circuit opens (or, for a
--- failed probe, stays open) until now + probe interval ($3).
-UPDATE hookline.endpoints
-SET consecutive_failures = consecutive_failures + 1,
-    circuit_open_until = CASE WHEN consecutive_failures + 1 >= $2
-                              THEN now() + make_interval(secs => $3) ELSE circuit_open_until END
-WHERE name = $1
-RETURNING consecutive_failures, circuit_open_until;
+-- name: store_circuits
+UPDATE hookline.endpoints AS e
+SET circuit_state = c.state, circuit_changed_at = c.changed_at, circuit_open_until = c.probe_not_before,
+    window_started_at = c.window_started_at, window_successes = c.successes, window_failures = c.failures,
+    previous_successes = c.previous_successes, previous_failures = c.previous_failures,
+    probe_successes = c.probe_successes, probe_failures = c.probe_failures,
+    consecutive_failures = c.consecutive_failures
+FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::timestamptz[], $6::integer[],
+            $7::integer[], $8::integer[], $9::integer[], $10::integer[], $11::integer[], $12::integer[])
+    AS c(name, state, changed_at, probe_not_before, window_started_at, successes, failures, previous_successes,
+         previous_failures, probe_successes, probe_failures, consecutive_failures)
+WHERE e.name = c.name;
 
--- name: take_probe
--- An open circuit lets one delivery through per probe interval. Several relays
--- race for it; the one whose UPDATE matches sends the probe, the others see the
--- pushed-forward time and wait.
-UPDATE hookline.endpoints SET circuit_open_until = now() + make_interval(secs => $3)
-WHERE name = $1 AND enabled AND consecutive_failures >= $2
-  AND (circuit_open_until IS NULL OR circuit_open_until <= now())
-RETURNING name;
+-- name: release_probe
+-- A probe that found nothing due to send: the next delivery may probe at once.
+UPDATE hookline.endpoints SET circuit_open_until = NULL WHERE name = $1 AND circuit_state = 'half_open';
+
+-- name: claim_probe
+-- The one delivery a half-open circuit's probe sends ($1 endpoint, $2 worker, $3
+-- lease seconds, $4 ordered endpoint): the oldest due retry if there is one —
+-- a delivery that failed before and now succeeds is the best evidence that the
+-- endpoint recovered, while a first attempt may fail for reasons of its own —
+-- else the oldest due delivery. The retry is found through deliveries_retry_idx;
+-- the second branch runs only when the first found nothing. Suspects are left to
+-- claim_suspect (they run alone); ordered endpoints keep their order rule (the
+-- same condition as ordered_claim_filter in queue.sql).
+WITH retry AS (
+    SELECT d.id FROM hookline.deliveries AS d
+    WHERE d.status = 'pending' AND d.endpoint = $1 AND d.next_attempt_at <= now() AND d.attempts > 0
+      AND NOT d.suspect
+      AND (NOT $4::boolean OR d.aggregate_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM hookline.deliveries AS older
+          WHERE older.endpoint = d.endpoint AND older.aggregate_key = d.aggregate_key AND older.id < d.id
+            AND older.status IN ('pending', 'processing', 'parked')))
+    ORDER BY d.next_attempt_at, d.id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), first_attempt AS (
+    SELECT d.id FROM hookline.deliveries AS d
+    WHERE NOT EXISTS (SELECT 1 FROM retry)
+      AND d.status = 'pending' AND d.endpoint = $1 AND d.next_attempt_at <= now() AND NOT d.suspect
+      AND (NOT $4::boolean OR d.aggregate_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM hookline.deliveries AS older
+          WHERE older.endpoint = d.endpoint AND older.aggregate_key = d.aggregate_key AND older.id < d.id
+            AND older.status IN ('pending', 'processing', 'parked')))
+    ORDER BY d.next_attempt_at, d.id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT id FROM retry UNION ALL SELECT id FROM first_attempt
+)
+UPDATE hookline.deliveries AS t
+SET status = 'processing', attempts = t.attempts + 1, locked_by = $2,
+    lease_expires_at = now() + make_interval(secs => $3)
+FROM picked
+WHERE t.id = picked.id
+RETURNING t.*;
 
 -- name: undelivered_age
 -- Age of the oldest event each endpoint has not received yet (pending, in flight or parked).

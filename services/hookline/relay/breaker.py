@@ -1,0 +1,264 @@
+"""Each endpoint's circuit breaker, shared by every relay through its row in ``hookline.endpoints``.
+
+States and transitions::
+
+    closed ---- failure rate >= threshold over the window, with >= min_volume outcomes ---> open
+    open ------ probe_interval later, one relay (the one whose row update wins) probes ---> half_open
+    half_open - close_after probes succeeded --------------------------------------------> closed
+    half_open - probe failures reach the failure rate (so a first failed probe does) ----> open
+
+Why a failure *rate* and not consecutive failures: an endpoint that fails half of
+its attempts is alive and must keep receiving, yet it strings five failures
+together every few dozen attempts. Why probes prefer retries (``claim_probe`` in
+outbox.sql): a delivery that failed before and now succeeds is the best evidence
+of recovery, while a first attempt may fail for reasons of its own (an endpoint
+that refuses every message once). Why probes run one at a time and a failed probe
+re-opens at once: an endpoint that refuses every connection then costs one probe
+per interval, and nothing else.
+
+The window covers the last ``window_seconds`` in two halves: when the current half
+is older than half a window it becomes the previous half, so the rate always
+covers between half a window and a whole one of recent outcomes.
+
+Decisions are made here, in plain functions of (row, outcomes, now) that tests can
+call; the caller's transaction locks the endpoint row (``lock_circuits``) and
+stores the result (``store_circuits``), using the database's clock, so every relay
+applies the same rule to the same numbers and exactly one of them makes (and
+reports) each transition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import asyncpg
+
+from hookline import outbox
+from hookline.core import metrics
+
+log = logging.getLogger(__name__)
+
+
+class CircuitState(enum.StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+# hookline_relay_circuit_state's values: higher is worse.
+STATE_VALUE = {CircuitState.CLOSED: 0, CircuitState.HALF_OPEN: 1, CircuitState.OPEN: 2}
+
+
+@dataclass(frozen=True)
+class BreakerSettings:
+    """The thresholds every relay of an installation should share (the CLI flags of ``hookline relay``)."""
+
+    failure_rate: float = 0.9  # opens at or above this share of failed attempts ...
+    min_volume: int = 20  # ... once the window holds at least this many outcomes
+    window_seconds: float = 60.0
+    probe_interval: float = 30.0  # how long an open circuit waits before (the next) probe
+    close_after: int = 3  # successful probes that close a half-open circuit
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings, as messages naming the flag to fix."""
+        found = []
+        if not 0.0 < self.failure_rate <= 1.0:
+            found.append("--breaker-failure-rate must be above 0 and at most 1 (a share of attempts, e.g. 0.9)")
+        if self.min_volume < 1:
+            found.append("--breaker-min-volume must be at least 1")
+        if self.window_seconds <= 0:
+            found.append("--breaker-window must be positive (seconds)")
+        if self.probe_interval <= 0:
+            found.append("--breaker-probe-interval must be positive (seconds)")
+        if self.close_after < 1:
+            found.append("--breaker-close-after must be at least 1")
+        return found
+
+
+@dataclass(frozen=True)
+class Circuit:
+    """The breaker columns of one endpoint row."""
+
+    state: CircuitState = CircuitState.CLOSED
+    changed_at: datetime | None = None
+    # Open: no probe before this. Half-open: the probe in flight holds the circuit until then
+    # (None: the next probe may start now). Column circuit_open_until.
+    probe_not_before: datetime | None = None
+    window_started_at: datetime | None = None
+    successes: int = 0  # in the current half of the window
+    failures: int = 0
+    previous_successes: int = 0  # in the previous half
+    previous_failures: int = 0
+    probe_successes: int = 0  # since the circuit went half-open
+    probe_failures: int = 0
+    consecutive_failures: int = 0  # informational: `hookline endpoints list`
+
+    @classmethod
+    def from_row(cls, row: asyncpg.Record) -> Circuit:
+        return cls(
+            state=CircuitState(row["circuit_state"]), changed_at=row["circuit_changed_at"],
+            probe_not_before=row["circuit_open_until"], window_started_at=row["window_started_at"],
+            successes=row["window_successes"], failures=row["window_failures"],
+            previous_successes=row["previous_successes"], previous_failures=row["previous_failures"],
+            probe_successes=row["probe_successes"], probe_failures=row["probe_failures"],
+            consecutive_failures=row["consecutive_failures"],
+        )
+
+    @property
+    def volume(self) -> int:
+        return self.successes + self.failures + self.previous_successes + self.previous_failures
+
+    @property
+    def failure_rate(self) -> float:
+        return (self.failures + self.previous_failures) / self.volume if self.volume else 0.0
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """Attempts to one endpoint that finished, to be counted together."""
+
+    successes: int = 0
+    failures: int = 0
+    probe_successes: int = 0
+    probe_failures: int = 0
+
+
+@dataclass(frozen=True)
+class CircuitUpdate:
+    endpoint: str
+    before: CircuitState
+    circuit: Circuit
+
+    @property
+    def changed(self) -> bool:
+        return self.before is not self.circuit.state
+
+
+def _rolled(c: Circuit, settings: BreakerSettings, now: datetime) -> Circuit:
+    half = timedelta(seconds=settings.window_seconds / 2)
+    if c.window_started_at is not None and now - c.window_started_at < half:
+        return c
+    if c.window_started_at is not None and now - c.window_started_at < 2 * half:
+        return dataclasses.replace(c, window_started_at=now, successes=0, failures=0,
+                                   previous_successes=c.successes, previous_failures=c.failures)
+    return dataclasses.replace(c, window_started_at=now, successes=0, failures=0, previous_successes=0,
+                               previous_failures=0)
+
+
+def _fresh_window(c: Circuit, now: datetime) -> Circuit:
+    return dataclasses.replace(c, window_started_at=now, successes=0, failures=0, previous_successes=0,
+                               previous_failures=0)
+
+
+def _opened(c: Circuit, settings: BreakerSettings, now: datetime) -> Circuit:
+    # The counts stay as they were (nothing is counted while open) for the log line and
+    # `endpoints list`; closing starts a fresh window.
+    return dataclasses.replace(c, state=CircuitState.OPEN, changed_at=now,
+                               probe_not_before=now + timedelta(seconds=settings.probe_interval))
+
+
+def record(c: Circuit, settings: BreakerSettings, now: datetime, outcomes: Outcomes) -> Circuit:
+    """The circuit after these outcomes."""
+    succeeded = outcomes.successes + outcomes.probe_successes
+    failed = outcomes.failures + outcomes.probe_failures
+    c = dataclasses.replace(c, consecutive_failures=0 if succeeded else c.consecutive_failures + failed)
+    if c.state is CircuitState.CLOSED:
+        # A probe that reports after its circuit closed counts like any other attempt.
+        c = _rolled(c, settings, now)
+        c = dataclasses.replace(c, successes=c.successes + succeeded, failures=c.failures + failed)
+        if c.volume >= settings.min_volume and c.failure_rate >= settings.failure_rate:
+            return _opened(c, settings, now)
+        return c
+    if c.state is CircuitState.HALF_OPEN and (outcomes.probe_successes or outcomes.probe_failures):
+        ok = c.probe_successes + outcomes.probe_successes
+        bad = c.probe_failures + outcomes.probe_failures
+        if bad and bad >= settings.failure_rate * (ok + bad):
+            return _opened(c, settings, now)
+        if ok >= settings.close_after:
+            return dataclasses.replace(_fresh_window(c, now), state=CircuitState.CLOSED, changed_at=now,
+                                       probe_not_before=None)
+        return dataclasses.replace(c, probe_successes=ok, probe_failures=bad, probe_not_before=None)
+    # Open, or attempts claimed before the circuit opened: they say nothing about recovery.
+    return c
+
+
+def granted_probe(c: Circuit, now: datetime, hold: float) -> Circuit | None:
+    """The circuit with a probe taken out (held for ``hold`` seconds), or None if no probe is due."""
+    if c.state is CircuitState.CLOSED or (c.probe_not_before is not None and c.probe_not_before > now):
+        return None
+    if c.state is CircuitState.OPEN:
+        c = dataclasses.replace(c, state=CircuitState.HALF_OPEN, changed_at=now, probe_successes=0,
+                                probe_failures=0)
+    return dataclasses.replace(c, probe_not_before=now + timedelta(seconds=hold))
+
+
+# --- in the database -------------------------------------------------------------------------
+
+
+async def _locked(conn: asyncpg.Connection, names: Sequence[str]) -> list[tuple[str, Circuit, datetime]]:
+    rows = await conn.fetch(outbox.query("lock_circuits"), sorted(names))
+    return [(r["name"], Circuit.from_row(r), r["now"]) for r in rows]
+
+
+async def _store(conn: asyncpg.Connection, updates: Sequence[CircuitUpdate]) -> None:
+    if not updates:
+        return
+    cs = [u.circuit for u in updates]
+    await conn.execute(
+        outbox.query("store_circuits"), [u.endpoint for u in updates], [str(c.state) for c in cs],
+        [c.changed_at for c in cs], [c.probe_not_before for c in cs], [c.window_started_at for c in cs],
+        [c.successes for c in cs], [c.failures for c in cs], [c.previous_successes for c in cs],
+        [c.previous_failures for c in cs], [c.probe_successes for c in cs], [c.probe_failures for c in cs],
+        [c.consecutive_failures for c in cs],
+    )
+
+
+async def record_outcomes(conn: asyncpg.Connection, settings: BreakerSettings,
+                          outcomes: Mapping[str, Outcomes]) -> list[CircuitUpdate]:
+    """Count outcomes and apply the transitions they cause, in the caller's transaction (which
+    holds the endpoint rows from here to its commit, so relays take turns)."""
+    updates = [CircuitUpdate(name, before.state, record(before, settings, now, outcomes[name]))
+               for name, before, now in await _locked(conn, list(outcomes))]
+    await _store(conn, updates)
+    return updates
+
+
+async def take_probe(pool: asyncpg.Pool, endpoint: str, hold: float) -> CircuitUpdate | None:
+    """Take the endpoint's next probe if it is due (None: not due, or another relay took it)."""
+    async with pool.acquire() as conn, conn.transaction():
+        for name, before, now in await _locked(conn, [endpoint]):
+            after = granted_probe(before, now, hold)
+            if after is not None:
+                update = CircuitUpdate(name, before.state, after)
+                await _store(conn, [update])
+                return update
+    return None
+
+
+async def release_probe(pool: asyncpg.Pool, endpoint: str) -> None:
+    """Give back a probe that found nothing to send: the next delivery due may probe at once."""
+    await pool.execute(outbox.query("release_probe"), endpoint)
+
+
+def report(update: CircuitUpdate) -> None:
+    """Metrics and one structured log line for a transition (made by exactly one relay)."""
+    c = update.circuit
+    metrics.relay_circuit_state.labels(update.endpoint).set(STATE_VALUE[c.state])
+    metrics.relay_circuit_open.labels(update.endpoint).set(int(c.state is not CircuitState.CLOSED))
+    if not update.changed:
+        return
+    metrics.relay_circuit_transitions.labels(update.endpoint, str(c.state)).inc()
+    fields: dict[str, object] = {"endpoint": update.endpoint, "from": str(update.before), "to": str(c.state)}
+    if update.before is CircuitState.CLOSED:
+        fields.update(failure_rate=round(c.failure_rate, 3), volume=c.volume)
+    if update.before is CircuitState.HALF_OPEN:
+        fields.update(probe_successes=c.probe_successes, probe_failures=c.probe_failures)
+    if c.state is CircuitState.OPEN and c.probe_not_before is not None:
+        fields["next_probe_at"] = c.probe_not_before.isoformat()
+    level = logging.WARNING if c.state is CircuitState.OPEN else logging.INFO
+    log.log(level, f"endpoint circuit {update.before} -> {c.state}", extra=fields)
