@@ -1,0 +1,116 @@
+"""The outgoing-HTTP guard (core/delivery.py): which addresses outgoing webhooks may reach.
+
+The unit tests cover every IPv6 form that embeds an IPv4 address; the HTTP tests send
+real requests through real sessions to a real server on localhost.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from hookline.core import delivery
+from hookline.core.delivery import DeliveryErrorKind, embedded_ipv4, is_internal
+from hookline.core.embedded import free_port
+
+
+# Each form wrapping 10.0.0.5 (private) and 8.8.8.8 (public).
+EMBEDDINGS = {
+    "NAT64 well-known 64:ff9b::/96": ("64:ff9b::a00:5", "64:ff9b::808:808"),
+    "NAT64 local-use 64:ff9b:1::/48, /96 position": ("64:ff9b:1::a00:5", None),
+    "NAT64 local-use 64:ff9b:1::/48, /64 position": ("64:ff9b:1:0:a:0:500:0", None),
+    "6to4 2002::/16": ("2002:a00:5::1", "2002:808:808::1"),
+    "Teredo 2001::/32, client (inverted last 32 bits)": ("2001:0:4136:e378:8000:63bf:f5ff:fffa",
+                                                         "2001:0:4136:e378:8000:63bf:f7f7:f7f7"),
+    "Teredo 2001::/32, server (bits 32-63)": ("2001:0:a00:5:8000:63bf:f7f7:f7f7", None),
+    "IPv4-compatible ::/96": ("::a00:5", "::808:808"),
+    "IPv4-mapped ::ffff:0:0/96": ("::ffff:a00:5", "::ffff:808:808"),
+    "IPv4-translated ::ffff:0:0:0/96": ("::ffff:0:a00:5", "::ffff:0:808:808"),
+}
+
+
+@pytest.mark.parametrize("form", sorted(EMBEDDINGS))
+def test_an_ipv6_address_embedding_a_private_ipv4_is_internal(form: str) -> None:
+    private, public = EMBEDDINGS[form]
+    assert ipaddress.IPv4Address("10.0.0.5") in embedded_ipv4(ipaddress.IPv6Address(private))
+    assert is_internal(private), form
+    if public is not None:  # the same form around a public address is public: the check is not "refuse IPv6"
+        assert ipaddress.IPv4Address("8.8.8.8") in embedded_ipv4(ipaddress.IPv6Address(public))
+        assert not is_internal(public), form
+
+
+@pytest.mark.parametrize("inner", ["127.0.0.1", "169.254.169.254", "100.64.0.1", "192.168.1.1", "172.16.0.1",
+                                   "0.0.0.0", "240.0.0.1", "224.0.0.1"])
+def test_every_internal_ipv4_kind_is_refused_through_nat64_and_6to4(inner: str) -> None:
+    packed = int(ipaddress.IPv4Address(inner))
+    nat64 = ipaddress.IPv6Address((0x64FF9B << 96) | packed)
+    six_to_four = ipaddress.IPv6Address((0x2002 << 112) | (packed << 80))
+    assert is_internal(inner) and is_internal(str(nat64)) and is_internal(str(six_to_four))
+
+
+@pytest.mark.parametrize("address", ["::1", "::", "fe80::1", "fe80::1%lo", "fc00::1", "ff02::1", "2001:db8::1"])
+def test_plain_internal_ipv6_addresses_are_internal(address: str) -> None:
+    assert is_internal(address)
+
+
+@pytest.mark.parametrize("address", ["8.8.8.8", "2606:4700:4700::1111", "2a00:1450:4001:80b::200e"])
+def test_public_addresses_are_not_internal(address: str) -> None:
+    assert not is_internal(address)
+
+
+def test_ordinary_ipv6_addresses_embed_nothing() -> None:
+    assert embedded_ipv4(ipaddress.IPv6Address("2606:4700:4700::1111")) == ()
+
+
+# --- through real sessions -------------------------------------------------------------------
+
+
+@pytest.fixture
+async def local_server() -> AsyncIterator[tuple[int, list[bytes]]]:
+    received: list[bytes] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/hook", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield port, received
+    await runner.cleanup()
+
+
+async def _post(url: str, *, allow_private_networks: bool) -> delivery.DeliveryResult:
+    session = delivery.create_session(allow_private_networks=allow_private_networks)
+    try:
+        return await delivery.post(session, url, b"{}", {"content-type": "application/json"}, timeout=5)
+    finally:
+        await session.close()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::ffff:127.0.0.1]", "[64:ff9b::7f00:1]",
+                                  "[2002:7f00:1::1]", "[::127.0.0.1]"])
+async def test_the_public_only_session_refuses_before_sending(local_server: tuple[int, list[bytes]],
+                                                              host: str) -> None:
+    port, received = local_server
+    result = await _post(f"http://{host}:{port}/hook", allow_private_networks=False)
+    assert result.status is None and result.error_kind is DeliveryErrorKind.BLOCKED, result
+    assert result.error is not None and "internal address" in result.error
+    assert received == []
+
+
+async def test_allowing_private_networks_reaches_localhost(local_server: tuple[int, list[bytes]]) -> None:
+    port, received = local_server
+    result = await _post(f"http://127.0.0.1:{port}/hook", allow_private_networks=True)
+    assert result.ok and result.error_kind is None and received == [b"{}"]
+
+
+async def test_an_unreachable_endpoint_is_a_connection_error_not_a_block() -> None:
+    result = await _post(f"http://127.0.0.1:{free_port()}/hook", allow_private_networks=True)
+    assert result.status is None and result.error_kind is DeliveryErrorKind.CONNECTION
