@@ -110,4 +110,60 @@ metadata: {{name: open}}
 spec:
   handler: "hookline.examples.handlers:log_event"
   signature: {{scheme: none}}
+---
+kind: WebhookProvider
+metadata: {{name: github-replay}}
+spec:
+  handler: "hookline.examples.handlers:log_event"
+  signature: {{scheme: github, secrets: ["{GITHUB_SECRET}"]}}
+  replayProtection: {{bodyHashWindowSeconds: 3600}}
 """
+
+
+# --- raw HTTP, for requests no well-behaved client library would send ------------------------
+
+
+def raw_request(port: int, head: bytes, body: bytes = b"", *, half_close: bool = False,
+                timeout: float = 30.0) -> bytes:
+    """Send ``head`` + ``body`` on a fresh connection and return every byte the server sends
+    until it closes (b"" when it closes without answering). ``half_close`` ends our side
+    after sending, like a client that gives up mid-body."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        try:
+            sock.sendall(head + body)
+            if half_close:
+                sock.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = b""
+        while True:
+            try:
+                data = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not data:
+                break
+            answer += data
+        return answer
+
+
+def status_of(answer: bytes) -> int | None:
+    """The status code of the first response in ``answer``, or None when there was none."""
+    if not answer.startswith(b"HTTP/1."):
+        return None
+    return int(answer.split(b" ", 2)[1])
+
+
+def request_head(path: str, headers: list[tuple[bytes, bytes]]) -> bytes:
+    lines = [f"POST {path} HTTP/1.1".encode(), b"Host: hookline.test", b"Connection: close"]
+    lines += [name + b": " + value for name, value in headers]
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def stripe_raw(body: bytes, secret: str = STRIPE_SECRET, ts: int | None = None) -> dict[str, str]:
+    """Stripe's signature over arbitrary bytes (stripe-python's signer wants text)."""
+    ts = int(time.time()) if ts is None else ts
+    digest = hmac.new(secret.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
+    return {"Stripe-Signature": f"t={ts},v1={digest}"}
