@@ -1,58 +1,65 @@
-"""kopf handlers for WebhookProvider: level-based, idempotent, every action an Event.
+"""kopf handlers for WebhookProvider: thin decorators over plain functions tests can call.
 
-``reconcile`` (create/update/resume) makes the world match the spec: the signing
-Secret exists, the provider row in Postgres holds the spec and the valid secrets,
-the worker Deployment exists. ``refresh`` (a timer) does what depends on time and
-load: annotation tokens (replay, rotation), expired leases, status numbers and
-worker replicas. Both are safe to run any number of times.
+- startup/cleanup: the operator-level memo (pool, Kubernetes client, the statistics loop
+  that runs one query per tick for every provider, the /healthz /readyz /metrics server);
+- reconcile (create/update/resume) and the ``sync`` timer: ``reconcile.converge`` and the
+  whole ``status.conditions`` list computed from what was observed;
+- ``scale`` timer: worker replicas from the cached statistics (``scaling``);
+- ``sweep_leases`` timer: expired leases of this provider back to pending;
+- ``annotation_tokens`` timer: replay-dlq and rotate-secret requests;
+- delete: releases the provider name, only if this resource owns it.
+
+Each timer writes only its own status fields; conditions have a single writer (sync).
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import contextlib
 import logging
 import os
 import time
-from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
-import asyncpg
 import kopf
 
-from hookline.core import db
-from hookline.core import providers as provider_store
+from hookline.core import db, http
 from hookline.core.maintenance import sweep_once
-from hookline.core.providers import Provider, SpecError, parse_provider
-from hookline.core.queue import INBOX, RetryPolicy
-from hookline.core.signatures import get_scheme
-from hookline_operator import kube, resources
+from hookline.core.queue import RetryPolicy
+from hookline_operator import resources, stats, tokens
+from hookline_operator import status as report
 from hookline_operator.conditions import now_iso, set_condition
-from hookline_operator.scaling import ScalePolicy, Stabilizer, recommend
+from hookline_operator.kube import GROUP, PLURAL, VERSION, Kube
+from hookline_operator.memo import OperatorMemo, ScalingOutcome, resource_state
+from hookline_operator.ownership import Resource
+from hookline_operator.reconcile import announce, converge, observe_secret, release_row
+from hookline_operator.scaling import ScalePolicy, recommend
+from hookline_operator.stats import DATABASE_ERRORS
 
-GROUP, VERSION, PLURAL = "hookline.io", "v1alpha1", "webhookproviders"
-REPLAY_ANNOTATION = "hookline.io/replay-dlq"
-ROTATE_ANNOTATION = "hookline.io/rotate-secret"
 PAUSED_ANNOTATION = "hookline.io/paused"
-ROTATED_FOR = "hookline.io/rotated-for"
-DEFAULT_OVERLAP = 86400
 
+# Timer intervals are fixed when the handlers are registered (imported); main sets this first.
 INTERVAL = float(os.environ.get("HOOKLINE_OPERATOR_INTERVAL", "10"))
 
 log = logging.getLogger("hookline.operator")
 
 
-class State:
-    """What the operator keeps in memory: the pool and each provider's scaling history."""
-
-    pool: asyncpg.Pool
-    stabilizers: dict[str, Stabilizer]
-
-
-STATE = State()
+def resource_of(body: kopf.Body) -> Resource:
+    meta = body.get("metadata") or {}
+    return Resource(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")),
+                    int(meta.get("generation") or 0))
 
 
-@kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+def _not_deleting(meta: kopf.Meta, **_: Any) -> bool:
+    # Once deletion starts, a status patch from a timer would race kopf's finalizer removal.
+    return not meta.get("deletionTimestamp")
+
+
+# --- the operator's lifetime ---------------------------------------------------------------------
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
     # Handler state and the finalizer live under our own prefix, not kopf's.
     settings.persistence.finalizer = "hookline.io/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="hookline.io")
@@ -68,262 +75,220 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Our own Events describe every action; kopf's per-handler log lines stay in the log.
     settings.posting.loggers = False
     settings.posting.level = logging.INFO
-    kube.load_config()
-    STATE.pool = await db.create_pool(min_size=1, max_size=5)
-    STATE.stabilizers = {}
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
+    configure(settings)
+    memo.kube = Kube()
+    memo.pool = await db.create_pool(min_size=1, max_size=5)
+    memo.tasks.append(asyncio.create_task(stats.run(memo.pool, memo.stats, memo.interval), name="inbox-stats"))
+    if memo.http_url:
+        url = urlsplit(memo.http_url)
+        memo.http = await http.serve(http.ops_app(memo.pool), url.hostname or "0.0.0.0", url.port or 8080)
 
 
 @kopf.on.cleanup()
-async def cleanup(**_: Any) -> None:
-    await STATE.pool.close()
+async def cleanup(memo: OperatorMemo, **_: Any) -> None:
+    for task in memo.tasks:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if memo.http is not None:
+        await memo.http.cleanup()
+    if memo.pool is not None:
+        await memo.pool.close()
+    if memo.kube is not None:
+        memo.kube.close()
 
 
-def _event(body: kopf.Body, reason: str, message: str, warning: bool = False) -> None:
-    (kopf.warn if warning else kopf.info)(body, reason=reason, message=message)
+# --- reconcile and sync: the world and the conditions --------------------------------------------
 
 
-# --- the signing secret ------------------------------------------------------------------------
-
-
-async def ensure_secret(body: kopf.Body, name: str, namespace: str, spec: dict[str, Any]) -> SecretState:
-    """The signing secret, created (owned by the resource) when it does not exist."""
-    state = await observe_secret(namespace, name, spec)
-    if state[1] != "SecretMissing":
-        return state
-    scheme = spec["signature"]["scheme"]
-    secret_name, key = resources.secret_ref(name, spec)
-    value = get_scheme(scheme).generate_secret()
-    manifest = resources.secret_manifest(name, secret_name, key, value)
-    kopf.adopt(manifest, owner=body)
-    await kube.create_secret(namespace, manifest)
-    _event(body, "SecretCreated", f"created Secret {secret_name} with a new {scheme} secret")
-    return True, "SecretCreated", f"Secret {secret_name} created", {key: value}
-
-
-async def rotate_secret(body: kopf.Body, name: str, namespace: str, spec: dict[str, Any], token: str) -> bool:
-    """Generate a new secret once per token; the old one stays valid for the overlap window."""
-    scheme = (spec.get("signature") or {}).get("scheme", "")
-    if scheme == "none":
-        return False
-    secret_name, key = resources.secret_ref(name, spec)
-    if (await kube.read_secret_annotations(namespace, secret_name)).get(ROTATED_FOR) == token:
-        return True  # rotated already; we died before recording it
-    data = await kube.read_secret(namespace, secret_name) or {}
-    overlap = int((spec.get("signature") or {}).get("rotationOverlapSeconds", DEFAULT_OVERLAP))
-    not_after = (datetime.now(UTC) + timedelta(seconds=overlap)).isoformat()
-    previous = [e for e in json.loads(data.get(resources.PREVIOUS_KEY) or "[]")
-                if datetime.fromisoformat(e["notAfter"]) > datetime.now(UTC)]
-    if data.get(key):
-        previous.append({"value": data[key], "notAfter": not_after})
-    await kube.patch_secret(namespace, secret_name,
-                            {key: get_scheme(scheme).generate_secret(), resources.PREVIOUS_KEY: json.dumps(previous)},
-                            annotations={ROTATED_FOR: token})
-    _event(body, "SecretRotated", f"rotated Secret {secret_name}; the previous secret stays valid for {overlap} s")
-    return True
-
-
-# --- Postgres ------------------------------------------------------------------------------------
-
-
-async def sync_provider(name: str, spec: dict[str, Any], data: dict[str, str]
-                        ) -> tuple[Provider | None, str, str]:
-    """Validate the spec with its secrets and store it; (provider or None, reason, message)."""
-    key = resources.secret_ref(name, spec)[1]
-    secrets = resources.valid_secrets(data, key) if data else []
+async def sync_status(body: kopf.Body, spec: dict[str, Any], status_now: dict[str, Any], memo: OperatorMemo,
+                      patch: kopf.Patch) -> None:
+    """Converge and write conditions, observedGeneration and the provider's numbers."""
+    res = resource_of(body)
+    state = resource_state(memo)
+    before = list(status_now.get("conditions") or [])
     try:
-        provider = parse_provider(name, spec, [s["value"] for s in secrets])
-    except SpecError as exc:
-        return None, "InvalidSpec", str(exc)
-    async with STATE.pool.acquire() as conn:
-        await provider_store.upsert(conn, name, spec, secrets)
-    return provider, "Synced", f"provider {name} is in hookline.providers"
+        observation = await converge(memo.db, memo.k8s, body, res, spec)
+    except DATABASE_ERRORS as exc:
+        after = report.database_unavailable(before, f"cannot reach Postgres ({type(exc).__name__})",
+                                            state.scaling, res.generation)
+        patch.status["conditions"] = after
+        return
+    state.claim = observation.sync.claim or state.claim
+    after = report.compose(before, observation, state.scaling, res.generation)
+    after = rotation_condition(after, body, status_now, res.generation)
+    for reason, message in report.new_conflicts(before, after):
+        announce(body, reason, message, warning=True)
+    patch.status["conditions"] = after
+    patch.status["observedGeneration"] = res.generation
+    snapshot = memo.stats.fresh(memo.interval)
+    if state.claim is not None and not state.claim.owned:
+        patch.status.update(stats.NOT_REPORTED)  # never another owner's numbers
+    elif snapshot is not None:
+        patch.status.update(stats.status_fields(snapshot.of(res.name)))
 
 
-SecretState = tuple[bool, str, str, dict[str, str]]  # ready, reason, message, data
-
-
-async def observe_secret(namespace: str, name: str, spec: dict[str, Any]) -> SecretState:
-    """The signing secret as it is now (reconcile creates it when missing; this only looks)."""
-    if (spec.get("signature") or {}).get("scheme") == "none":
-        return True, "NotRequired", "scheme none needs no secret", {}
-    secret_name, key = resources.secret_ref(name, spec)
-    data = await kube.read_secret(namespace, secret_name)
-    if data is None:
-        return False, "SecretMissing", f"Secret {secret_name} does not exist", {}
-    if not data.get(key):
-        return False, "SecretKeyMissing", f"Secret {secret_name} has no key {key!r}", data
-    return True, "SecretFound", f"using Secret {secret_name} key {key}", data
-
-
-async def sync_and_report(name: str, spec: dict[str, Any], secret: SecretState, conditions: list[dict[str, Any]],
-                          generation: int | None) -> tuple[Provider | None, list[dict[str, Any]]]:
-    """Sync the provider row and set SecretReady, Synced and Ready from what was observed."""
-    secret_ok, reason, message, data = secret
-    conditions = set_condition(conditions, "SecretReady", secret_ok, reason, message, generation)
-    provider = None
-    if secret_ok:
-        provider, reason, message = await sync_provider(name, spec, data)
-    else:
-        reason, message = "SecretNotReady", "waiting for the signing secret"
-    conditions = set_condition(conditions, "Synced", provider is not None, reason, message, generation)
-    ready = provider is not None
-    conditions = set_condition(conditions, "Ready", ready, "Reconciled" if ready else "NotReady",
-                               "provider is accepting and processing events" if ready else message, generation)
-    return provider, conditions
-
-
-def condition_message(conditions: list[dict[str, Any]], type: str) -> str:
-    return next((str(c.get("message", "")) for c in conditions if c.get("type") == type), "")
-
-
-async def handle_token(provider: str, kind: str, token: str, action: Any) -> tuple[dict[str, Any], bool]:
-    """Run ``action(conn)`` once per (provider, kind, token), recorded in the same transaction.
-
-    Returns (the stored result, whether it ran now); a token handled before (e.g. before a
-    restart that lost the status write) returns its stored result without running again.
-    """
-    async with STATE.pool.acquire() as conn, conn.transaction():
-        inserted = await conn.fetchval(
-            "INSERT INTO hookline.operator_tokens (provider, kind, token) VALUES ($1, $2, $3) "
-            "ON CONFLICT DO NOTHING RETURNING true", provider, kind, token)
-        if inserted:
-            result = await action(conn)
-            await conn.execute("UPDATE hookline.operator_tokens SET result = $4 "
-                               "WHERE provider = $1 AND kind = $2 AND token = $3", provider, kind, token, result)
-            return dict(result), True
-        row = await conn.fetchrow("SELECT result FROM hookline.operator_tokens "
-                                  "WHERE provider = $1 AND kind = $2 AND token = $3", provider, kind, token)
-        return dict(row["result"]), False
-
-
-# --- handlers ------------------------------------------------------------------------------------
+def rotation_condition(conditions: report.Conditions, body: kopf.Body, status_now: dict[str, Any],
+                       generation: int) -> report.Conditions:
+    """SecretRotated, once a rotate-secret token was handled: True, or False with why it was refused."""
+    rotation = status_now.get("rotation") or {}
+    token = (body.get("metadata", {}).get("annotations") or {}).get(tokens.ROTATE_ANNOTATION)
+    if not token or rotation.get("lastHandledToken") != token:
+        return conditions
+    refused = rotation.get("result") == "Refused"
+    return set_condition(conditions, "SecretRotated", not refused, "RotationRefused" if refused else "Rotated",
+                         str(rotation.get("message") or ""), generation)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-async def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str | None, meta: kopf.Meta,
-                    status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
-    assert namespace is not None  # WebhookProvider is namespaced
-    generation = meta.get("generation")
-    conditions: list[dict[str, Any]] = list(status.get("conditions") or [])
-    spec_dict = dict(spec)
-
-    secret = await ensure_secret(body, name, namespace, spec_dict)
-    provider, conditions = await sync_and_report(name, spec_dict, secret, conditions, generation)
-    if secret[0] and provider is None:
-        _event(body, "InvalidSpec", condition_message(conditions, "Synced"), warning=True)
-
-    deployment_name = resources.worker_name(name)
-    existing = await kube.read_deployment(namespace, deployment_name)
-    policy = ScalePolicy.from_spec(spec_dict)
-    if existing is None:
-        manifest = resources.worker_deployment(name, spec_dict, policy.min_replicas)
-        kopf.adopt(manifest, owner=body)
-        await kube.create_deployment(namespace, manifest)
-        _event(body, "WorkersCreated", f"created Deployment {deployment_name} with {policy.min_replicas} replicas")
-    else:
-        # Everything but replicas: those belong to the scaling timer.
-        manifest = resources.worker_deployment(name, spec_dict, existing.spec.replicas or 0)
-        del manifest["spec"]["replicas"]
-        await kube.patch_deployment(namespace, deployment_name, manifest)
-
-    patch.status["conditions"] = conditions
-    patch.status["observedGeneration"] = generation
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL)
-async def delete(body: kopf.Body, name: str, **_: Any) -> None:
-    async with STATE.pool.acquire() as conn:
-        await provider_store.delete(conn, name)
-    STATE.stabilizers.pop(name, None)
-    _event(body, "ProviderRemoved", f"provider {name} removed from hookline.providers; its stored events stay")
-
-
-def _not_deleting(meta: kopf.Meta, **_: Any) -> bool:
-    # Once deletion starts, a status patch from the timer would race kopf's finalizer removal.
-    return not meta.get("deletionTimestamp")
-
-
-DATABASE_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
+async def reconcile(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: OperatorMemo, patch: kopf.Patch,
+                    **_: Any) -> None:
+    await sync_status(body, dict(spec), dict(status), memo, patch)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, initial_delay=min(INTERVAL, 1.0), when=_not_deleting)
-async def refresh(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str | None, meta: kopf.Meta,
-                  status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
-    assert namespace is not None
-    conditions: list[dict[str, Any]] = list(status.get("conditions") or [])
-    try:
-        conditions = await _refresh(body, dict(spec), name, namespace, meta, status, patch, conditions)
-    except DATABASE_ERRORS as exc:
-        # Never act on what we cannot see: replicas stay as they are until Postgres answers.
-        conditions = set_condition(conditions, "Scaling", False, "DatabaseUnavailable",
-                                   f"cannot read the backlog ({type(exc).__name__}); replicas left as they are",
-                                   meta.get("generation"))
-    patch.status["conditions"] = conditions
+async def sync(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: OperatorMemo, patch: kopf.Patch,
+               **_: Any) -> None:
+    # Level-based: rotated or expired secrets, a row removed by hand, a name freed by its owner's
+    # deletion, a changed pod template all converge here.
+    await sync_status(body, dict(spec), dict(status), memo, patch)
 
 
-async def _refresh(body: kopf.Body, spec: dict[str, Any], name: str, namespace: str, meta: kopf.Meta,
-                   status: kopf.Status, patch: kopf.Patch, conditions: list[dict[str, Any]]
-                   ) -> list[dict[str, Any]]:
-    generation = meta.get("generation")
-    annotations = meta.get("annotations") or {}
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def delete(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
+    res = resource_of(body)
+    if await release_row(memo.db, res):
+        announce(body, "ProviderRemoved", f"provider {res.name} removed from hookline.providers; its stored "
+                                          f"events stay")
+    else:
+        announce(body, "ProviderNotOwned", f"provider name {res.name} was not this resource's; nothing removed")
 
-    # Replay: once per new token (Flux's requestedAt / lastHandled pattern).
-    token = annotations.get(REPLAY_ANNOTATION)
-    if token and (status.get("replay") or {}).get("lastHandledToken") != token:
-        async def replay(conn: asyncpg.Connection) -> dict[str, Any]:
-            counts = await INBOX.replay_dead(conn, name)
-            await conn.execute("SELECT pg_notify('hookline_inbox', $1)", name)
-            return {"requeued": counts.get(name, 0), "at": now_iso()}
-        result, fresh = await handle_token(name, "replay-dlq", token, replay)
-        patch.status["replay"] = {"lastHandledToken": token, "requeued": result["requeued"], "at": result["at"]}
-        if fresh:
-            _event(body, "DeadLettersReplayed", f"requeued {result['requeued']} dead event(s) for token {token}")
 
-    # Rotation: a new secret, the old one valid for the overlap window.
-    token = annotations.get(ROTATE_ANNOTATION)
-    if (token and (status.get("rotation") or {}).get("lastHandledToken") != token
-            and await rotate_secret(body, name, namespace, spec, token)):
-        async def record(_conn: asyncpg.Connection) -> dict[str, Any]:
-            return {"at": now_iso()}
-        result, _fresh = await handle_token(name, "rotate-secret", token, record)
-        patch.status["rotation"] = {"lastHandledToken": token, "at": result["at"]}
+# --- scaling -------------------------------------------------------------------------------------
 
-    # Level-based re-sync: rotated or expired secrets, or a row removed by hand, converge here;
-    # and the readiness conditions are recomputed from what is observed, so a status write that
-    # raced with reconcile's is repaired on the next tick.
-    provider, conditions = await sync_and_report(name, spec, await observe_secret(namespace, name, spec),
-                                                 conditions, generation)
 
-    # Expired leases back to pending, the attempt counted.
-    swept = await sweep_once(STATE.pool, {name: provider.retry if provider else RetryPolicy()}, partition=name)
-    if swept.total:
-        _event(body, "LeasesRequeued", f"returned {swept.requeued.get(name, 0)} expired lease(s) to pending, "
-                                       f"{swept.dead.get(name, 0)} to dead")
-    stats = (await INBOX.stats(STATE.pool)).get(name)
-    in_flight = (await INBOX.in_flight(STATE.pool)).get(name, 0)
-    backlog = stats.backlog if stats else 0
-    patch.status["backlog"] = backlog
-    patch.status["oldestPendingSeconds"] = round(stats.oldest_pending_seconds) if stats else 0
-    patch.status["deadLetters"] = stats.dead if stats else 0
-
-    deployment_name = resources.worker_name(name)
-    deployment = await kube.read_deployment(namespace, deployment_name)
+async def scale_workers(body: kopf.Body, spec: dict[str, Any], memo: OperatorMemo) -> tuple[ScalingOutcome, int | None]:
+    """Decide and apply this provider's worker replicas; (outcome for the Scaling condition, replicas)."""
+    res = resource_of(body)
+    state = resource_state(memo)
+    name = resources.worker_name(res.name)
+    deployment = await memo.k8s.read_deployment(res.namespace, name)
     if deployment is None:
-        return conditions  # reconcile creates it
-    current = deployment.spec.replicas or 0
-    patch.status["replicas"] = current
-    if annotations.get(PAUSED_ANNOTATION) == "true":
-        return set_condition(conditions, "Scaling", False, "Paused",
-                             f"{PAUSED_ANNOTATION} is set; replicas stay at {current}", generation)
+        return ScalingOutcome(False, "NoWorkers", f"Deployment {name} does not exist yet"), None
+    if res.uid not in deployment.owner_uids:
+        return ScalingOutcome(False, "ResourceConflict", f"Deployment {name} is not owned by this WebhookProvider; "
+                                                         f"it is never scaled"), None
+    current = deployment.replicas
+    if state.claim is None:
+        return ScalingOutcome(False, "WaitingForSync", f"not synced yet; replicas stay at {current}"), current
+    snapshot = memo.stats.fresh(memo.interval)
+    annotations = body.get("metadata", {}).get("annotations") or {}
     policy = ScalePolicy.from_spec(spec)
-    stabilizer = STATE.stabilizers.setdefault(name, Stabilizer())
-    desired = stabilizer.desired(time.monotonic(), recommend(backlog, in_flight, policy), current, policy)
+    if not state.claim.owned:
+        desired, outcome = 0, ScalingOutcome(False, "NameConflict", "no workers while the provider name belongs "
+                                                                    "to another owner")
+    elif annotations.get(PAUSED_ANNOTATION) == "true":
+        return ScalingOutcome(False, "Paused", f"{PAUSED_ANNOTATION} is set; replicas stay at {current}"), current
+    elif snapshot is None:
+        # Never act on what we cannot see: replicas stay as they are until Postgres answers.
+        return ScalingOutcome(False, "DatabaseUnavailable", f"{memo.stats.error}; replicas left at {current}"), current
+    else:
+        load = snapshot.of(res.name)
+        desired = state.stabilizer.desired(time.monotonic(), recommend(load.due, load.in_flight, policy), current,
+                                           policy)
+        outcome = ScalingOutcome(True, "Active", f"due {load.due}, in flight {load.in_flight}, retrying "
+                                                 f"{load.retrying}, deferred {load.deferred}: {desired} replica(s)")
     if desired != current:
-        await kube.scale_deployment(namespace, deployment_name, desired)
-        patch.status["replicas"] = desired
-        _event(body, "Scaled", f"scaled {deployment_name} from {current} to {desired} replicas "
-                               f"(backlog {backlog}, in flight {in_flight})")
-    return set_condition(conditions, "Scaling", True, "Active",
-                         f"backlog {backlog}, in flight {in_flight}, {desired} replica(s)", generation)
+        await memo.k8s.scale_deployment(res.namespace, name, desired)
+        announce(body, "Scaled", f"scaled {name} from {current} to {desired} replicas ({outcome.message})")
+    return outcome, desired
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, initial_delay=min(INTERVAL, 1.0), when=_not_deleting)
+async def scale(body: kopf.Body, spec: kopf.Spec, memo: OperatorMemo, patch: kopf.Patch, **_: Any) -> None:
+    outcome, replicas = await scale_workers(body, dict(spec), memo)
+    resource_state(memo).scaling = outcome
+    if replicas is not None:
+        patch.status["replicas"] = replicas
+
+
+# --- leases --------------------------------------------------------------------------------------
+
+
+def retry_policy(spec: dict[str, Any]) -> RetryPolicy:
+    retry = spec.get("retry") or {}
+    default = RetryPolicy()
+    return RetryPolicy(int(retry.get("maxAttempts", default.max_attempts)),
+                       float(retry.get("initialDelaySeconds", default.initial_delay)),
+                       float(retry.get("maxDelaySeconds", default.max_delay)))
+
+
+async def sweep_provider_leases(body: kopf.Body, spec: dict[str, Any], memo: OperatorMemo) -> None:
+    """Expired leases back to pending, the attempt counted; only when the cached statistics saw
+    some, so an idle provider costs no query."""
+    res = resource_of(body)
+    claim = resource_state(memo).claim
+    snapshot = memo.stats.fresh(memo.interval)
+    if claim is None or not claim.owned or snapshot is None or not snapshot.of(res.name).expired_leases:
+        return
+    swept = await sweep_once(memo.db, {res.name: retry_policy(spec)}, partition=res.name)
+    if swept.total:
+        announce(body, "LeasesRequeued", f"returned {swept.requeued.get(res.name, 0)} expired lease(s) to pending, "
+                                         f"{swept.dead.get(res.name, 0)} to dead")
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, initial_delay=min(INTERVAL, 1.0), when=_not_deleting)
+async def sweep_leases(body: kopf.Body, spec: kopf.Spec, memo: OperatorMemo, **_: Any) -> None:
+    await sweep_provider_leases(body, dict(spec), memo)
+
+
+# --- annotation tokens ---------------------------------------------------------------------------
+
+
+async def handle_replay(body: kopf.Body, token: str, memo: OperatorMemo) -> dict[str, Any]:
+    res = resource_of(body)
+    result, fresh = await tokens.replay(memo.db, res, token)
+    if fresh and result["owned"]:
+        announce(body, "DeadLettersReplayed", f"requeued {result['requeued']} dead event(s) for token {token}")
+    elif fresh:
+        announce(body, "ReplayRefused", f"token {token}: nothing requeued, this WebhookProvider does not own "
+                                        f"provider name {res.name}", warning=True)
+    return {"lastHandledToken": token, "requeued": result["requeued"], "at": result["at"]}
+
+
+async def handle_rotation(body: kopf.Body, spec: dict[str, Any], token: str, memo: OperatorMemo) -> dict[str, Any]:
+    res = resource_of(body)
+    claim = resource_state(memo).claim
+    secret = await observe_secret(memo.k8s, res, spec)
+    refusal = tokens.rotation_refusal(secret, claim is not None and claim.owned)
+
+    async def act(_conn: Any) -> dict[str, Any]:
+        if refusal:
+            return {"at": now_iso(), "result": "Refused", "message": refusal}
+        message = await tokens.rotate(memo.k8s, res, spec, token)
+        return {"at": now_iso(), "result": "Rotated", "message": message}
+
+    result, fresh = await tokens.handle_token(memo.db, res, "rotate-secret", token, act)
+    if fresh:
+        announce(body, "SecretRotated" if result["result"] == "Rotated" else "RotationRefused", result["message"],
+                 warning=result["result"] != "Rotated")
+    return {"lastHandledToken": token, **result}
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, initial_delay=min(INTERVAL, 1.0), when=_not_deleting)
+async def annotation_tokens(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: OperatorMemo,
+                            patch: kopf.Patch, **_: Any) -> None:
+    if resource_state(memo).claim is None:
+        return  # not synced since start: whether the name is ours is not known yet
+    annotations = dict(body.get("metadata", {}).get("annotations") or {})
+    now = dict(status)
+    if token := tokens.pending_token(annotations, now, tokens.REPLAY_ANNOTATION, "replay"):
+        patch.status["replay"] = await handle_replay(body, token, memo)
+    if token := tokens.pending_token(annotations, now, tokens.ROTATE_ANNOTATION, "rotation"):
+        patch.status["rotation"] = await handle_rotation(body, dict(spec), token, memo)

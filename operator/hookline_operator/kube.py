@@ -1,17 +1,35 @@
 """The few Kubernetes API calls the operator makes beyond kopf's own, on the official client.
 
-The client is synchronous; each call runs in a thread so the operator's event loop
-never blocks on the API server.
+One ``Kube`` holds one API client (one connection pool) for the operator's lifetime;
+it lives in the operator's kopf memo. The client is synchronous, so each call runs
+in a thread and the event loop never blocks on the API server. Reads return small
+typed observations (what the operator decides on), not the client's models.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+
+GROUP, VERSION, PLURAL = "hookline.io", "v1alpha1", "webhookproviders"
+
+
+class ObservedSecret(NamedTuple):
+    name: str
+    data: dict[str, str]  # decoded values
+    owner_uids: frozenset[str]  # metadata.ownerReferences[].uid
+    annotations: dict[str, str]
+
+
+class ObservedDeployment(NamedTuple):
+    name: str
+    replicas: int
+    owner_uids: frozenset[str]
+    annotations: dict[str, str]
 
 
 def load_config() -> None:
@@ -21,59 +39,76 @@ def load_config() -> None:
         config.load_kube_config()  # type: ignore[no-untyped-call]
 
 
-def _core() -> Any:
-    return client.CoreV1Api()
+def _owner_uids(metadata: Any) -> frozenset[str]:
+    return frozenset(ref.uid for ref in (metadata.owner_references or []))
 
 
-def _apps() -> Any:
-    return client.AppsV1Api()
+class Kube:
+    """Typed, non-blocking access to Secrets, Deployments and WebhookProviders."""
 
+    def __init__(self) -> None:
+        load_config()
+        # Typed as Any: the client's models are not what callers see (they get the tuples above).
+        self._api: Any = client.ApiClient()
+        self._core: Any = client.CoreV1Api(self._api)
+        self._apps: Any = client.AppsV1Api(self._api)
+        self._custom: Any = client.CustomObjectsApi(self._api)
 
-async def read_secret(namespace: str, name: str) -> dict[str, str] | None:
-    """The Secret's data decoded, or None when it does not exist."""
-    try:
-        secret = await asyncio.to_thread(_core().read_namespaced_secret, name, namespace)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+    def close(self) -> None:
+        self._api.close()
 
+    async def read_secret(self, namespace: str, name: str) -> ObservedSecret | None:
+        """The Secret, its data decoded, or None when it does not exist."""
+        try:
+            secret = await asyncio.to_thread(self._core.read_namespaced_secret, name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        data = {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+        return ObservedSecret(name, data, _owner_uids(secret.metadata), dict(secret.metadata.annotations or {}))
 
-async def create_secret(namespace: str, body: dict[str, Any]) -> None:
-    await asyncio.to_thread(_core().create_namespaced_secret, namespace, body)
+    async def create_secret(self, namespace: str, body: dict[str, Any]) -> None:
+        await asyncio.to_thread(self._core.create_namespaced_secret, namespace, body)
 
+    async def patch_secret(self, namespace: str, name: str, string_data: dict[str, str],
+                           annotations: dict[str, str] | None = None) -> None:
+        body: dict[str, Any] = {"stringData": string_data}
+        if annotations:
+            body["metadata"] = {"annotations": annotations}
+        await asyncio.to_thread(self._core.patch_namespaced_secret, name, namespace, body)
 
-async def patch_secret(namespace: str, name: str, string_data: dict[str, str],
-                       annotations: dict[str, str] | None = None) -> None:
-    body: dict[str, Any] = {"stringData": string_data}
-    if annotations:
-        body["metadata"] = {"annotations": annotations}
-    await asyncio.to_thread(_core().patch_namespaced_secret, name, namespace, body)
+    async def read_deployment(self, namespace: str, name: str) -> ObservedDeployment | None:
+        try:
+            found = await asyncio.to_thread(self._apps.read_namespaced_deployment, name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return ObservedDeployment(name, int(found.spec.replicas or 0), _owner_uids(found.metadata),
+                                  dict(found.metadata.annotations or {}))
 
+    async def create_deployment(self, namespace: str, body: dict[str, Any]) -> None:
+        await asyncio.to_thread(self._apps.create_namespaced_deployment, namespace, body)
 
-async def read_secret_annotations(namespace: str, name: str) -> dict[str, str]:
-    secret = await asyncio.to_thread(_core().read_namespaced_secret, name, namespace)
-    return dict(secret.metadata.annotations or {})
+    async def patch_deployment(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        await asyncio.to_thread(self._apps.patch_namespaced_deployment, name, namespace, body)
 
+    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        await asyncio.to_thread(self._apps.patch_namespaced_deployment_scale, name, namespace,
+                                {"spec": {"replicas": replicas}})
 
-async def read_deployment(namespace: str, name: str) -> Any | None:
-    try:
-        return await asyncio.to_thread(_apps().read_namespaced_deployment, name, namespace)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    async def provider_uid(self, namespace: str, name: str) -> str | None:
+        """The uid of WebhookProvider namespace/name, None when it does not exist.
 
-
-async def create_deployment(namespace: str, body: dict[str, Any]) -> None:
-    await asyncio.to_thread(_apps().create_namespaced_deployment, namespace, body)
-
-
-async def patch_deployment(namespace: str, name: str, body: dict[str, Any]) -> None:
-    await asyncio.to_thread(_apps().patch_namespaced_deployment, name, namespace, body)
-
-
-async def scale_deployment(namespace: str, name: str, replicas: int) -> None:
-    await asyncio.to_thread(_apps().patch_namespaced_deployment_scale, name, namespace,
-                            {"spec": {"replicas": replicas}})
+        Any other failure (403 for a namespace this operator may not read, a timeout)
+        raises: the caller must not conclude that the resource is gone.
+        """
+        try:
+            found = await asyncio.to_thread(self._custom.get_namespaced_custom_object,
+                                            GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return str(found["metadata"]["uid"])

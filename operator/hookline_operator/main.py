@@ -12,7 +12,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="watch this namespace (repeatable; like kopf run)")
     p.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
-                   help="liveness endpoint URL, as kopf run (default http://0.0.0.0:8080/healthz)")
+                   help="where to serve /healthz (and /readyz, /metrics on the same port), as kopf run's "
+                        "liveness URL (default http://0.0.0.0:8080/healthz; empty: no HTTP server)")
     p.add_argument("--interval", type=float, default=10.0,
                    help="seconds between status refreshes, scaling decisions and lease sweeps (default 10)")
     p.add_argument("--peering", action="store_true",
@@ -29,12 +30,15 @@ def run(args: argparse.Namespace) -> int:
 
     from hookline.core.config import database_url
     from hookline_operator import handlers  # noqa: F401  (registers the handlers)
+    from hookline_operator.memo import OperatorMemo
 
     database_url()  # fail fast with a clear message when it is not set
     asyncio.run(kopf.operator(
         standalone=not args.peering,
         clusterwide=args.all_namespaces,
         namespaces=args.namespaces or (),
-        liveness_endpoint=args.liveness or None,
+        # Our own server answers /healthz, /readyz and /metrics (started with the pool).
+        liveness_endpoint=None,
+        memo=OperatorMemo(interval=args.interval, http_url=args.liveness or None),
     ))
     return 0

@@ -2,7 +2,7 @@
 
 `apiserver` (session): etcd + kube-apiserver with the CRDs from crds/ installed and Established.
 `namespace` (function): a fresh namespace per test, so tests never see each other's objects.
-Every test in this folder is marked `k8s`, so `pytest -m "not k8s"` leaves them out.
+Every test here that uses the API server is marked `k8s`, so `pytest -m "not k8s"` leaves them out.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from support.kube import require_assets  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # This hook sees the whole session's items; mark only the ones living under this folder.
+    # This hook sees the whole session's items; mark the ones of this folder that need the API
+    # server (the unit tests of the operator's pure functions and SQL run everywhere).
     for item in items:
-        if HERE in item.path.parents:
+        if HERE in item.path.parents and "apiserver" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.k8s)
 
 

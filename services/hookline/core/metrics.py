@@ -42,6 +42,13 @@ inbox_oldest_pending = Gauge(
     "hookline_inbox_oldest_pending_seconds", "Age of the oldest due pending inbox event.", ["provider"]
 )
 inbox_dead = Gauge("hookline_inbox_dead", "Dead inbox events.", ["provider"])
+inbox_retrying = Gauge(
+    "hookline_inbox_retrying", "Pending inbox events backing off after a failed attempt (not due yet).", ["provider"]
+)
+inbox_deferred = Gauge(
+    "hookline_inbox_deferred", "Pending inbox events deferred until their entity's predecessor applies.", ["provider"]
+)
+inbox_in_flight = Gauge("hookline_inbox_in_flight", "Inbox events leased by a worker right now.", ["provider"])
 leases_swept = Counter(
     "hookline_leases_swept_total", "Expired leases returned to pending or dead by the sweeper.",
     ["queue", "partition", "result"],

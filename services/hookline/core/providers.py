@@ -35,6 +35,14 @@ class SpecError(ValueError):
     """A provider spec that cannot be used; the message names the field."""
 
 
+class ProviderOwned(SpecError):
+    """The name belongs to a WebhookProvider resource; only the operator may change or delete it."""
+
+    def __init__(self, name: str, namespace: str, resource: str) -> None:
+        super().__init__(f"provider {name!r} is managed by WebhookProvider {namespace}/{resource} in Kubernetes; "
+                         f"change or delete it there (the CLI never touches a provider the operator owns)")
+
+
 @dataclass(frozen=True)
 class FieldRule:
     """Where a value comes from: a JSON pointer into the body, or a header."""
@@ -295,12 +303,24 @@ async def upsert(conn: asyncpg.Connection, name: str, spec: Mapping[str, Any], s
     from hookline.core.signatures import get_scheme
 
     fresh = get_scheme("standard-webhooks").generate_secret()
-    is_new = await conn.fetchval(db.query("upsert_provider"), name, spec, secrets, fresh)
-    return fresh if is_new else None
+    row = await conn.fetchrow(db.query("upsert_provider"), name, spec, secrets, fresh)
+    if row is None:
+        await _raise_if_owned(conn, name)
+    return fresh if row is not None and row["secret_is_new"] else None
 
 
 async def delete(conn: asyncpg.Connection, name: str) -> bool:
-    return bool(await conn.fetchval(db.query("delete_provider"), name))
+    """Delete a provider the CLI manages; False when there is none, ProviderOwned when a resource owns it."""
+    if await conn.fetchval(db.query("delete_provider"), name):
+        return True
+    await _raise_if_owned(conn, name)
+    return False
+
+
+async def _raise_if_owned(conn: asyncpg.Connection, name: str) -> None:
+    owner = await conn.fetchrow(db.query("get_provider_owner"), name)
+    if owner is not None and owner["owner_uid"] is not None:
+        raise ProviderOwned(name, owner["owner_namespace"], owner["owner_name"])
 
 
 async def load_all(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, Provider]:

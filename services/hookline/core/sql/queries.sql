@@ -1,24 +1,152 @@
 -- Hookline's SQL, one statement per "-- name:" block, loaded by hookline.core.db.query(name).
 
 -- name: upsert_provider
+-- `hookline providers apply`: rows a WebhookProvider resource owns are never
+-- touched (no row back; upsert() then explains who owns the name). Rows from
+-- before ownership was recorded (managed_by NULL) become the CLI's.
 -- $4 is a fresh destination secret, used only when the provider has none yet.
-INSERT INTO hookline.providers (name, spec, secrets, destination_secret)
-VALUES ($1, $2, $3, $4)
+INSERT INTO hookline.providers AS p (name, spec, secrets, destination_secret, managed_by)
+VALUES ($1, $2, $3, $4, 'cli')
 ON CONFLICT (name) DO UPDATE
-    SET spec = EXCLUDED.spec, secrets = EXCLUDED.secrets, updated_at = now(),
-        destination_secret = coalesce(providers.destination_secret, EXCLUDED.destination_secret)
-    WHERE (providers.spec, providers.secrets, providers.destination_secret)
-          IS DISTINCT FROM (EXCLUDED.spec, EXCLUDED.secrets, EXCLUDED.destination_secret)
+    SET spec = EXCLUDED.spec, secrets = EXCLUDED.secrets, updated_at = now(), managed_by = 'cli',
+        destination_secret = coalesce(p.destination_secret, EXCLUDED.destination_secret)
+    WHERE p.owner_uid IS NULL
 RETURNING destination_secret = $4 AS secret_is_new;
 
 -- name: delete_provider
-DELETE FROM hookline.providers WHERE name = $1 RETURNING true;
+-- `hookline providers delete`: only rows no WebhookProvider resource owns.
+DELETE FROM hookline.providers WHERE name = $1 AND owner_uid IS NULL RETURNING true;
+
+-- name: get_provider_owner
+SELECT managed_by, owner_namespace, owner_name, owner_uid FROM hookline.providers WHERE name = $1;
 
 -- name: list_providers
-SELECT name, spec, secrets, destination_secret, updated_at FROM hookline.providers ORDER BY name;
+SELECT name, spec, secrets, destination_secret, updated_at, managed_by, owner_namespace, owner_name
+FROM hookline.providers ORDER BY name;
 
 -- name: get_provider_secrets
 SELECT secrets FROM hookline.providers WHERE name = $1;
+
+-- name: claim_provider
+-- The operator's claim and sync in one statement: the first resource to claim a
+-- name owns it. The row is written only when it is free, already ours ($7 is the
+-- resource's uid), held by an owner the caller proved deleted ($9), or written
+-- before ownership was recorded and proven ours by its secret ($8, the current
+-- signing secret) or, without a secret (scheme none), by its spec (migration 0005).
+-- An unchanged row is not rewritten: no new row version, no notification.
+-- The result is one row saying who owns the name: written = true when this call
+-- wrote it; otherwise the row as it was (ours and unchanged, or someone else's).
+-- No row at all means another transaction changed the name meanwhile: try again.
+WITH claimed AS (
+    INSERT INTO hookline.providers AS p
+        (name, spec, secrets, destination_secret, managed_by, owner_namespace, owner_name, owner_uid)
+    VALUES ($1, $2, $3, $4, 'operator', $5, $6, $7)
+    ON CONFLICT (name) DO UPDATE
+        SET spec = EXCLUDED.spec, secrets = EXCLUDED.secrets, updated_at = now(), managed_by = 'operator',
+            owner_namespace = EXCLUDED.owner_namespace, owner_name = EXCLUDED.owner_name,
+            owner_uid = EXCLUDED.owner_uid,
+            destination_secret = coalesce(p.destination_secret, EXCLUDED.destination_secret)
+        WHERE (p.owner_uid = EXCLUDED.owner_uid
+               OR p.owner_uid = $9::text
+               OR (p.managed_by IS NULL
+                   AND CASE WHEN $8::text IS NULL THEN p.spec = EXCLUDED.spec
+                            ELSE p.secrets @> jsonb_build_array(jsonb_build_object('value', $8::text)) END))
+          AND (p.spec, p.secrets, p.managed_by, p.owner_namespace, p.owner_name, p.owner_uid,
+               p.destination_secret IS NULL)
+              IS DISTINCT FROM (EXCLUDED.spec, EXCLUDED.secrets, 'operator', EXCLUDED.owner_namespace,
+                                EXCLUDED.owner_name, EXCLUDED.owner_uid, false)
+    RETURNING p.managed_by, p.owner_namespace, p.owner_name, p.owner_uid
+)
+SELECT true AS written, managed_by, owner_namespace, owner_name, owner_uid FROM claimed
+UNION ALL
+SELECT false, managed_by, owner_namespace, owner_name, owner_uid FROM hookline.providers
+WHERE name = $1 AND NOT EXISTS (SELECT FROM claimed);
+
+-- name: release_provider
+-- A deleted resource removes only a row it owns, and its annotation tokens.
+WITH released AS (
+    DELETE FROM hookline.providers WHERE name = $1 AND owner_uid = $2 RETURNING name
+), forgotten AS (
+    DELETE FROM hookline.operator_tokens WHERE provider = $1 AND resource_uid = $2
+)
+SELECT count(*) > 0 AS released FROM released;
+
+-- name: record_operator_token
+-- A one-shot annotation token (replay-dlq, rotate-secret) of one resource; true
+-- when it is new. Recorded in the transaction that acts on it.
+INSERT INTO hookline.operator_tokens (provider, resource_uid, kind, token) VALUES ($1, $2, $3, $4)
+ON CONFLICT DO NOTHING
+RETURNING true;
+
+-- name: set_operator_token_result
+UPDATE hookline.operator_tokens SET result = $5
+WHERE provider = $1 AND resource_uid = $2 AND kind = $3 AND token = $4;
+
+-- name: get_operator_token_result
+SELECT result FROM hookline.operator_tokens
+WHERE provider = $1 AND resource_uid = $2 AND kind = $3 AND token = $4;
+
+-- name: replay_owned_dead
+-- The replay-dlq annotation: requeue the provider's dead events, only while the
+-- resource ($2, its uid) owns the name; the row lock keeps a concurrent release
+-- from slipping in between. Attempts restart so the retry policy applies afresh;
+-- pg_notify wakes workers (Postgres sends one per provider and transaction).
+WITH owner AS (
+    SELECT name FROM hookline.providers WHERE name = $1 AND owner_uid = $2 FOR SHARE
+), requeued AS (
+    UPDATE hookline.inbox
+    SET status = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL, processed_at = NULL,
+        deferred_since = NULL
+    WHERE status = 'dead' AND provider = (SELECT name FROM owner)
+    RETURNING pg_notify('hookline_inbox', provider)
+)
+SELECT (SELECT count(*) FROM owner) > 0 AS owned, (SELECT count(*) FROM requeued) AS requeued;
+
+-- name: provider_stats
+-- Every provider's queue signals in ONE statement per operator tick, not one per
+-- provider. Each part reads one partial index, so the cost follows the number of
+-- unfinished rows, never the size of the table (done rows are in none of them):
+--   due, oldest due   inbox_claimable_idx (pending), the rows a worker could claim now
+--   retrying          inbox_retrying_idx  (pending after a failed attempt), not due yet
+--   deferred          inbox_deferred_idx  (pending, waiting for a predecessor)
+--   in flight         inbox_leased_idx    (processing; as many as workers run at once)
+--   dead              inbox_dead_idx      (dead)
+-- oldest_due_seconds is how long the longest-waiting due event has waited to be
+-- claimed (since it arrived, or since its backoff ended); a future retry is not due
+-- and cannot make it negative.
+WITH due AS (
+    SELECT provider, count(*) AS due, min(next_attempt_at) AS oldest_due_at
+    FROM hookline.inbox WHERE status = 'pending' AND next_attempt_at <= now()
+    GROUP BY provider
+), retrying AS (
+    SELECT provider, count(*) AS retrying
+    FROM hookline.inbox
+    WHERE status = 'pending' AND attempts > 0 AND deferred_since IS NULL AND next_attempt_at > now()
+    GROUP BY provider
+), deferred AS (
+    SELECT provider, count(*) AS deferred
+    FROM hookline.inbox WHERE status = 'pending' AND deferred_since IS NOT NULL
+    GROUP BY provider
+), in_flight AS (
+    SELECT provider, count(*) AS in_flight, count(*) FILTER (WHERE lease_expires_at < now()) AS expired
+    FROM hookline.inbox WHERE status = 'processing'
+    GROUP BY provider
+), dead AS (
+    SELECT provider, count(*) AS dead FROM hookline.inbox WHERE status = 'dead' GROUP BY provider
+)
+SELECT provider,
+       coalesce(due.due, 0) AS due,
+       greatest(0, coalesce(extract(epoch FROM now() - due.oldest_due_at), 0))::float8 AS oldest_due_seconds,
+       coalesce(retrying.retrying, 0) AS retrying,
+       coalesce(deferred.deferred, 0) AS deferred,
+       coalesce(in_flight.in_flight, 0) AS in_flight,
+       coalesce(in_flight.expired, 0) AS expired_leases,
+       coalesce(dead.dead, 0) AS dead
+FROM due
+FULL JOIN retrying USING (provider)
+FULL JOIN deferred USING (provider)
+FULL JOIN in_flight USING (provider)
+FULL JOIN dead USING (provider);
 
 -- name: insert_inbox_batch
 -- Group commit: one statement (one transaction, one WAL flush) stores a whole batch

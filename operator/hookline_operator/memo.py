@@ -1,0 +1,72 @@
+"""The operator's state, kept in kopf memos rather than module globals.
+
+kopf passes one ``OperatorMemo`` to the startup/cleanup handlers and gives every
+resource a shallow copy of it (kopf's "memo" kwarg): shared things (the pool, the
+Kubernetes client, the statistics cache) are the same objects for every resource,
+while ``resource`` is assigned on each copy and so is that resource's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import asyncpg
+from aiohttp import web
+
+from hookline_operator.ownership import Claim
+from hookline_operator.scaling import Stabilizer
+from hookline_operator.stats import StatsCache
+
+if TYPE_CHECKING:
+    from hookline_operator.kube import Kube
+
+
+@dataclass
+class ScalingOutcome:
+    """The scaling timer's last decision, turned into the Scaling condition by the status writer."""
+
+    ok: bool
+    reason: str
+    message: str
+
+
+@dataclass
+class ResourceState:
+    """What the operator remembers about one WebhookProvider between ticks."""
+
+    stabilizer: Stabilizer = field(default_factory=Stabilizer)
+    claim: Claim | None = None  # the last claim decision; None until the first sync
+    scaling: ScalingOutcome | None = None
+
+
+@dataclass
+class OperatorMemo:
+    interval: float = 10.0
+    http_url: str | None = None  # where /healthz, /readyz and /metrics are served
+    pool: asyncpg.Pool | None = None
+    kube: Kube | None = None
+    stats: StatsCache = field(default_factory=StatsCache)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    http: web.AppRunner | None = None
+    resource: ResourceState | None = None  # per resource: see resource_state()
+
+    @property
+    def db(self) -> asyncpg.Pool:
+        if self.pool is None:
+            raise RuntimeError("the operator's database pool is not open (startup has not run)")
+        return self.pool
+
+    @property
+    def k8s(self) -> Kube:
+        if self.kube is None:
+            raise RuntimeError("the operator's Kubernetes client is not set up (startup has not run)")
+        return self.kube
+
+
+def resource_state(memo: OperatorMemo) -> ResourceState:
+    """This resource's state, created on first use on the resource's own copy of the memo."""
+    if memo.resource is None:
+        memo.resource = ResourceState()
+    return memo.resource

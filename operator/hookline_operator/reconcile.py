@@ -1,0 +1,242 @@
+"""Make the world match a WebhookProvider's spec: signing Secret, provider row, worker Deployment.
+
+``converge`` runs on create/update/resume and on every sync tick; it is level-based and
+idempotent, and it writes only what this resource owns:
+
+1. the signing Secret: created (owned) when missing; a user's ``secretRef`` Secret is
+   read, never written; a foreign Secret on the generated name is a ResourceConflict;
+2. the provider row: claimed and synced in one statement (first claimant owns the
+   public name; see ``claim_provider`` in queries.sql), taken over only from an owner
+   the API server says is gone;
+3. the worker Deployment: created with this resource's ownerReference and kept in line
+   with the template; a foreign Deployment on the name is a ResourceConflict.
+
+What was found comes back as an ``Observation``; ``status.conditions`` turns it into
+conditions. Nothing here raises for a state of the world, only for failures to see it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any, NamedTuple
+
+import asyncpg
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from hookline.core import db
+from hookline.core.providers import SpecError, parse_provider
+from hookline.core.signatures import get_scheme
+from hookline_operator import resources
+from hookline_operator.kube import Kube, ObservedSecret
+from hookline_operator.ownership import (
+    Claim,
+    ClaimState,
+    Resource,
+    SecretSource,
+    claim_outcome,
+    owner_is_gone,
+    owns,
+    secret_source,
+)
+from hookline_operator.scaling import ScalePolicy
+
+log = logging.getLogger("hookline.operator")
+
+TEMPLATE_HASH = "hookline.io/template-hash"
+
+
+class SecretState(NamedTuple):
+    """The signing Secret as observed (and created when missing)."""
+
+    ready: bool
+    reason: str  # CamelCase, for the SecretReady condition
+    message: str
+    source: SecretSource
+    name: str = ""
+    data: dict[str, str] = {}
+
+    @property
+    def rotatable(self) -> bool:
+        return self.source is SecretSource.MANAGED
+
+
+class SyncState(NamedTuple):
+    """The provider row: claimed and in step with the spec, or why not."""
+
+    synced: bool
+    reason: str  # Synced, InvalidSpec, NameConflict, SecretNotReady, ClaimRetry
+    message: str
+    claim: Claim | None = None  # None when no claim was attempted (bad spec, no secret)
+
+
+class WorkersState(NamedTuple):
+    ok: bool
+    reason: str  # WorkersCreated, WorkersReady, WaitingForName, ResourceConflict
+    message: str
+
+
+class Observation(NamedTuple):
+    secret: SecretState
+    sync: SyncState
+    workers: WorkersState
+
+
+def announce(body: kopf.Body, reason: str, message: str, warning: bool = False) -> None:
+    (kopf.warn if warning else kopf.info)(body, reason=reason, message=message)
+
+
+# --- the signing Secret --------------------------------------------------------------------------
+
+
+def _explicit_ref(spec: dict[str, Any]) -> bool:
+    return bool(((spec.get("signature") or {}).get("secretRef") or {}).get("name"))
+
+
+def _scheme(spec: dict[str, Any]) -> str:
+    return str((spec.get("signature") or {}).get("scheme", ""))
+
+
+def describe_secret(res: Resource, spec: dict[str, Any], observed: ObservedSecret | None) -> SecretState:
+    """The SecretState of what is there (pure: tests call it without a cluster)."""
+    secret_name, key = resources.secret_ref(res.name, spec)
+    source = secret_source(_explicit_ref(spec), _scheme(spec), observed.owner_uids if observed else None, res.uid)
+    if source is SecretSource.NONE_NEEDED:
+        return SecretState(True, "NotRequired", "scheme none needs no secret", source)
+    if observed is None:
+        return SecretState(False, "SecretMissing", f"Secret {secret_name} does not exist", source, secret_name)
+    if source is SecretSource.CONFLICT:
+        return SecretState(False, "ResourceConflict",
+                           f"Secret {secret_name} exists but was not created for this WebhookProvider (no "
+                           f"ownerReference to it); the operator never adopts it: set spec.signature.secretRef "
+                           f"to use it as the signing secret, or delete it", source, secret_name)
+    if not observed.data.get(key):
+        return SecretState(False, "SecretKeyMissing", f"Secret {secret_name} has no key {key!r}", source,
+                           secret_name, observed.data)
+    if source is SecretSource.USER:
+        return SecretState(True, "SecretFound", f"using Secret {secret_name} key {key}, provided by you: the "
+                           f"operator reads it and never rotates it", source, secret_name, observed.data)
+    return SecretState(True, "SecretFound", f"using Secret {secret_name} key {key}, managed by the operator",
+                       source, secret_name, observed.data)
+
+
+async def observe_secret(kube: Kube, res: Resource, spec: dict[str, Any]) -> SecretState:
+    if _scheme(spec) == "none":
+        return describe_secret(res, spec, None)
+    return describe_secret(res, spec, await kube.read_secret(res.namespace, resources.secret_ref(res.name, spec)[0]))
+
+
+async def ensure_secret(kube: Kube, body: kopf.Body, res: Resource, spec: dict[str, Any]) -> SecretState:
+    """The signing Secret, created (owned by the resource) when it does not exist."""
+    state = await observe_secret(kube, res, spec)
+    if state.reason != "SecretMissing":
+        return state
+    secret_name, key = resources.secret_ref(res.name, spec)
+    value = get_scheme(_scheme(spec)).generate_secret()
+    manifest = resources.secret_manifest(res.name, secret_name, key, value)
+    kopf.adopt(manifest, owner=body)
+    try:
+        await kube.create_secret(res.namespace, manifest)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        return await observe_secret(kube, res, spec)  # created meanwhile (by whom decides the rest)
+    announce(body, "SecretCreated", f"created Secret {secret_name} with a new {_scheme(spec)} secret")
+    return SecretState(True, "SecretCreated", f"Secret {secret_name} created, managed by the operator",
+                       SecretSource.MANAGED, secret_name, {key: value})
+
+
+# --- the provider row ----------------------------------------------------------------------------
+
+
+async def claim_row(conn: asyncpg.Connection | asyncpg.Pool, res: Resource, spec: dict[str, Any],
+                    secrets: list[dict[str, Any]], replaces_uid: str | None = None) -> Claim:
+    """Claim the public name for ``res`` and store the spec: one atomic statement."""
+    current = secrets[0]["value"] if secrets and secrets[0]["notAfter"] is None else None
+    fresh_destination_secret = get_scheme("standard-webhooks").generate_secret()
+    row = await conn.fetchrow(db.query("claim_provider"), res.name, spec, secrets, fresh_destination_secret,
+                              res.namespace, res.name, res.uid, current, replaces_uid)
+    return claim_outcome(row, res.uid)
+
+
+async def claim_and_sync(pool: asyncpg.Pool, kube: Kube, res: Resource, spec: dict[str, Any],
+                         secret: SecretState) -> SyncState:
+    if not secret.ready:
+        return SyncState(False, "SecretNotReady", "waiting for the signing secret")
+    key = resources.secret_ref(res.name, spec)[1]
+    secrets = resources.valid_secrets(secret.data, key) if secret.data else []
+    try:
+        parse_provider(res.name, spec, [s["value"] for s in secrets])
+    except SpecError as exc:
+        return SyncState(False, "InvalidSpec", str(exc))
+    claim = await claim_row(pool, res, spec, secrets)
+    if claim.state is ClaimState.CONFLICT and claim.owner_uid is not None:
+        # Level-based takeover: the owner may have been deleted without releasing the name
+        # (its finalizer removed by hand). Only the API server's word that it is gone counts;
+        # a namespace this operator cannot read keeps the owner.
+        try:
+            observed_uid = await kube.provider_uid(claim.owner_namespace or "", claim.owner_name or "")
+        except ApiException as exc:
+            log.info("cannot check the owner of a provider name", extra={"provider": res.name, "status": exc.status})
+        else:
+            if owner_is_gone(claim, observed_uid):
+                claim = await claim_row(pool, res, spec, secrets, replaces_uid=claim.owner_uid)
+    if claim.owned:
+        return SyncState(True, "Synced", f"provider {res.name} is in hookline.providers", claim)
+    return SyncState(False, claim.state.value, claim.message(res.name), claim)
+
+
+async def release_row(pool: asyncpg.Pool, res: Resource) -> bool:
+    """Remove the provider row, only if this resource owns it; True when it did."""
+    return bool(await pool.fetchval(db.query("release_provider"), res.name, res.uid))
+
+
+# --- the worker Deployment -----------------------------------------------------------------------
+
+
+def desired_deployment(res: Resource, spec: dict[str, Any], replicas: int) -> dict[str, Any]:
+    """The worker Deployment manifest (resources.worker_deployment), stamped with a hash of
+    everything but replicas, so a change of spec or template is seen without a diff engine."""
+    manifest = resources.worker_deployment(res.name, spec, replicas)
+    shape = {k: v for k, v in manifest["spec"].items() if k != "replicas"}
+    digest = hashlib.sha256(json.dumps([manifest["metadata"], shape], sort_keys=True).encode()).hexdigest()[:16]
+    manifest["metadata"].setdefault("annotations", {})[TEMPLATE_HASH] = digest
+    return manifest
+
+
+async def ensure_workers(kube: Kube, body: kopf.Body, res: Resource, spec: dict[str, Any],
+                         sync: SyncState) -> WorkersState:
+    name = resources.worker_name(res.name)
+    existing = await kube.read_deployment(res.namespace, name)
+    if existing is not None and not owns(existing.owner_uids, res.uid):
+        return WorkersState(False, "ResourceConflict",
+                            f"Deployment {name} exists and is not owned by this WebhookProvider (no ownerReference "
+                            f"to it); the operator never adopts, patches or scales it: rename or delete it")
+    if sync.claim is not None and sync.claim.state is ClaimState.CONFLICT:
+        # Workers in this namespace must never process another owner's events.
+        return WorkersState(False, "WaitingForName", "no workers while the provider name belongs to another owner")
+    if existing is None:
+        if sync.claim is None or not sync.claim.owned:
+            return WorkersState(False, "WaitingForSync", "workers are created once the provider is synced")
+        replicas = ScalePolicy.from_spec(spec).min_replicas
+        manifest = desired_deployment(res, spec, replicas)
+        kopf.adopt(manifest, owner=body)
+        await kube.create_deployment(res.namespace, manifest)
+        announce(body, "WorkersCreated", f"created Deployment {name} with {replicas} replicas")
+        return WorkersState(True, "WorkersCreated", f"Deployment {name} created")
+    manifest = desired_deployment(res, spec, existing.replicas)
+    if existing.annotations.get(TEMPLATE_HASH) != manifest["metadata"]["annotations"][TEMPLATE_HASH]:
+        del manifest["spec"]["replicas"]  # replicas belong to the scaling timer
+        await kube.patch_deployment(res.namespace, name, manifest)
+        announce(body, "WorkersUpdated", f"updated the pod template of Deployment {name}")
+    return WorkersState(True, "WorkersReady", f"Deployment {name} is managed by the operator")
+
+
+async def converge(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Resource, spec: dict[str, Any]
+                   ) -> Observation:
+    secret = await ensure_secret(kube, body, res, spec)
+    sync = await claim_and_sync(pool, kube, res, spec, secret)
+    workers = await ensure_workers(kube, body, res, spec, sync)
+    return Observation(secret, sync, workers)

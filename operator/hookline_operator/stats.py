@@ -1,0 +1,118 @@
+"""Queue statistics: one query per tick for every provider, read from a cache by every resource.
+
+Cost grows with the number of unfinished events, never with the number of providers:
+an operator-level loop runs ``provider_stats`` once per interval and keeps the result;
+each resource's timers read it from the memo. A snapshot older than a few intervals
+(Postgres unreachable) is not used: the operator never acts on what it cannot see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from hookline.core import metrics
+from hookline.core.inbox_stats import NO_EVENTS, ProviderStats, provider_stats
+
+log = logging.getLogger("hookline.operator")
+
+DATABASE_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
+STALE_AFTER_INTERVALS = 3
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    taken_at: float  # time.monotonic()
+    providers: dict[str, ProviderStats]
+
+    def of(self, provider: str) -> ProviderStats:
+        return self.providers.get(provider, NO_EVENTS)
+
+
+@dataclass
+class StatsCache:
+    """The latest snapshot, and why there is no fresh one when there is not."""
+
+    latest: Snapshot | None = None
+    error: str = "no statistics read yet"
+    refreshes: int = field(default=0)
+
+    def fresh(self, interval: float, now: float | None = None) -> Snapshot | None:
+        now = time.monotonic() if now is None else now
+        if self.latest is None or now - self.latest.taken_at > STALE_AFTER_INTERVALS * interval:
+            return None
+        return self.latest
+
+
+async def refresh(pool: asyncpg.Pool, cache: StatsCache) -> None:
+    """Read every provider's statistics once; on failure keep the error (the snapshot goes stale)."""
+    try:
+        providers = await provider_stats(pool)
+    except DATABASE_ERRORS as exc:
+        cache.error = f"cannot read the inbox statistics ({type(exc).__name__})"
+        log.warning("inbox statistics unavailable", extra={"error": str(exc)})
+        return
+    cache.latest = Snapshot(time.monotonic(), providers)
+    cache.refreshes += 1
+    publish_metrics(providers)
+    log.debug("inbox statistics refreshed", extra={"providers": len(providers)})
+
+
+async def run(pool: asyncpg.Pool, cache: StatsCache, interval: float) -> None:
+    """The operator-level loop: one statistics query per interval, whatever the number of providers."""
+    while True:
+        await refresh(pool, cache)
+        await asyncio.sleep(interval)
+
+
+_published: set[str] = set()
+
+
+def publish_metrics(providers: dict[str, ProviderStats]) -> None:
+    for name in _published - set(providers):
+        publish_provider(name, NO_EVENTS)  # drained: report zeros rather than the last non-zero value
+    for name, stats in providers.items():
+        publish_provider(name, stats)
+    _published.update(providers)
+
+
+def publish_provider(name: str, stats: ProviderStats) -> None:
+    metrics.inbox_backlog.labels(name).set(stats.backlog)
+    metrics.inbox_oldest_pending.labels(name).set(stats.oldest_due_seconds)
+    metrics.inbox_dead.labels(name).set(stats.dead)
+    metrics.inbox_retrying.labels(name).set(stats.retrying)
+    metrics.inbox_deferred.labels(name).set(stats.deferred)
+    metrics.inbox_in_flight.labels(name).set(stats.in_flight)
+
+
+INT64_MAX = 2**63 - 1
+
+
+def _count(value: float) -> int:
+    """A CRD integer field: whole, 0 <= value <= int64 (NaN counts as 0)."""
+    if value != value:  # NaN
+        return 0
+    return max(0, min(INT64_MAX, int(value)))
+
+
+def status_fields(stats: ProviderStats) -> dict[str, Any]:
+    """The WebhookProvider status numbers for one provider; every value satisfies the CRD
+    schema (integers, minimum 0, int64), whatever the statistics hold."""
+    return {
+        "backlog": _count(stats.backlog),
+        "oldestPendingSeconds": _count(stats.oldest_due_seconds) if stats.due > 0 else 0,
+        "retrying": _count(stats.retrying),
+        "deferred": _count(stats.deferred),
+        "inFlight": _count(stats.in_flight),
+        "deadLetters": _count(stats.dead),
+    }
+
+
+# Written when the resource does not own its provider name: another resource's numbers are
+# never shown, and a merge patch with None removes numbers shown before the name was lost.
+NOT_REPORTED: dict[str, Any] = dict.fromkeys(status_fields(NO_EVENTS))

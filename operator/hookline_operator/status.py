@@ -1,0 +1,70 @@
+"""From what was observed to ``status.conditions``: pure functions, one writer.
+
+Only the reconcile handler and the sync timer write conditions, and both compute the
+whole list from fresh observation (plus the scaling timer's last outcome from the
+memo), so whichever write lands last is right: no writer can undo another's news.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hookline_operator.conditions import set_condition
+from hookline_operator.memo import ScalingOutcome
+from hookline_operator.reconcile import Observation
+
+Conditions = list[dict[str, Any]]
+
+
+def ready_reason(obs: Observation) -> tuple[bool, str, str]:
+    """Ready, with the most useful reason first: what the user has to fix."""
+    if obs.secret.reason == "ResourceConflict":
+        return False, "ResourceConflict", obs.secret.message
+    if obs.sync.reason == "NameConflict":
+        return False, "NameConflict", obs.sync.message
+    if obs.workers.reason == "ResourceConflict":
+        return False, "ResourceConflict", obs.workers.message
+    if not obs.secret.ready:
+        return False, "SecretNotReady", obs.secret.message
+    if not obs.sync.synced:
+        return False, obs.sync.reason, obs.sync.message
+    if not obs.workers.ok:
+        return False, obs.workers.reason, obs.workers.message
+    return True, "Reconciled", "provider is accepting and processing events"
+
+
+def compose(previous: Conditions, obs: Observation, scaling: ScalingOutcome | None, generation: int) -> Conditions:
+    conditions = set_condition(previous, "SecretReady", obs.secret.ready, obs.secret.reason, obs.secret.message,
+                               generation)
+    conditions = set_condition(conditions, "Synced", obs.sync.synced, obs.sync.reason, obs.sync.message, generation)
+    ready, reason, message = ready_reason(obs)
+    conditions = set_condition(conditions, "Ready", ready, reason, message, generation)
+    if scaling is not None:
+        conditions = set_condition(conditions, "Scaling", scaling.ok, scaling.reason, scaling.message, generation)
+    return conditions
+
+
+def database_unavailable(previous: Conditions, error: str, scaling: ScalingOutcome | None,
+                         generation: int) -> Conditions:
+    """Postgres cannot be reached: say so; the scaling timer leaves replicas as they are."""
+    conditions = set_condition(previous, "Synced", False, "DatabaseUnavailable", error, generation)
+    conditions = set_condition(conditions, "Ready", False, "DatabaseUnavailable", error, generation)
+    if scaling is not None:
+        conditions = set_condition(conditions, "Scaling", scaling.ok, scaling.reason, scaling.message, generation)
+    return conditions
+
+
+def reason_of(conditions: Conditions, type: str) -> str:
+    return next((str(c.get("reason", "")) for c in conditions if c.get("type") == type), "")
+
+
+def new_conflicts(before: Conditions, after: Conditions) -> list[tuple[str, str]]:
+    """(reason, message) of conflicts that appeared with this write: each deserves one Warning Event,
+    not one per tick."""
+    ready_after = next((c for c in after if c.get("type") == "Ready"), None)
+    if ready_after is None or ready_after.get("reason") not in ("NameConflict", "ResourceConflict"):
+        return []
+    ready_before = next((c for c in before if c.get("type") == "Ready"), {})
+    if (ready_before.get("reason"), ready_before.get("message")) == (ready_after["reason"], ready_after["message"]):
+        return []
+    return [(str(ready_after["reason"]), str(ready_after["message"]))]

@@ -1,0 +1,101 @@
+"""One-shot requests by annotation (Flux's requestedAt / lastHandled pattern): replay and rotation.
+
+A new annotation value (token) is acted on once, recorded in hookline.operator_tokens
+in the same transaction as the action (so a restart that lost the status write does
+not act twice), and acknowledged in status. Both act only for a resource that owns its
+provider name; rotation only on a Secret the operator created for this resource. A
+refused request is acknowledged too, with the reason, so it is not retried forever.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from hookline.core import db
+from hookline.core.signatures import get_scheme
+from hookline_operator import resources
+from hookline_operator.conditions import now_iso
+from hookline_operator.kube import Kube
+from hookline_operator.ownership import Resource, owns
+from hookline_operator.reconcile import SecretState
+
+REPLAY_ANNOTATION = "hookline.io/replay-dlq"
+ROTATE_ANNOTATION = "hookline.io/rotate-secret"
+ROTATED_FOR = "hookline.io/rotated-for"  # on the Secret: the token it was last rotated for
+DEFAULT_OVERLAP = 86400
+
+Action = Callable[[asyncpg.Connection], Awaitable[dict[str, Any]]]
+
+
+def pending_token(annotations: dict[str, str], status: dict[str, Any], annotation: str, field: str) -> str | None:
+    """The annotation's token when it has not been acknowledged in status.<field> yet."""
+    token = annotations.get(annotation)
+    if not token or (status.get(field) or {}).get("lastHandledToken") == token:
+        return None
+    return token
+
+
+async def handle_token(pool: asyncpg.Pool, res: Resource, kind: str, token: str, action: Action
+                       ) -> tuple[dict[str, Any], bool]:
+    """Run ``action(conn)`` once per (resource, kind, token), recorded in the same transaction.
+
+    Returns (the stored result, whether it ran now); a token handled before returns its
+    stored result without running again.
+    """
+    key = (res.name, res.uid, kind, token)
+    async with pool.acquire() as conn, conn.transaction():
+        if await conn.fetchval(db.query("record_operator_token"), *key):
+            result = await action(conn)
+            await conn.execute(db.query("set_operator_token_result"), *key, result)
+            return result, True
+        return dict(await conn.fetchval(db.query("get_operator_token_result"), *key)), False
+
+
+async def replay(pool: asyncpg.Pool, res: Resource, token: str) -> tuple[dict[str, Any], bool]:
+    """Requeue the provider's dead events, only while this resource owns the name (checked in SQL)."""
+    async def requeue(conn: asyncpg.Connection) -> dict[str, Any]:
+        row = await conn.fetchrow(db.query("replay_owned_dead"), res.name, res.uid)
+        return {"owned": bool(row["owned"]), "requeued": int(row["requeued"]), "at": now_iso()}
+
+    return await handle_token(pool, res, "replay-dlq", token, requeue)
+
+
+def rotation_refusal(secret: SecretState, owns_name: bool) -> str | None:
+    """Why a rotation must not happen, or None when it may."""
+    if not owns_name:
+        return "not rotated: this WebhookProvider does not own its provider name (see the Ready condition)"
+    if secret.source.value == "NotRequired":
+        return "not rotated: scheme none has no secret"
+    if not secret.rotatable:
+        return (f"not rotated: Secret {secret.name} was provided through spec.signature.secretRef, not created by "
+                f"the operator, and the operator never writes it; rotate it yourself (the operator picks up the "
+                f"new value on its next sync)")
+    return None
+
+
+async def rotate(kube: Kube, res: Resource, spec: dict[str, Any], token: str) -> str:
+    """A new secret once per token (the Secret's ROTATED_FOR annotation makes a retry after a crash
+    a no-op); the old secret stays valid for the overlap window. Returns the Event message.
+    The caller has checked ``rotation_refusal``: the Secret is this resource's."""
+    secret_name, key = resources.secret_ref(res.name, spec)
+    overlap = int((spec.get("signature") or {}).get("rotationOverlapSeconds", DEFAULT_OVERLAP))
+    observed = await kube.read_secret(res.namespace, secret_name)
+    if observed is None or not owns(observed.owner_uids, res.uid):
+        raise RuntimeError(f"Secret {secret_name} is gone or no longer this resource's; not rotated")
+    if observed.annotations.get(ROTATED_FOR) == token:
+        return f"Secret {secret_name} was already rotated for token {token}"
+    now = datetime.now(UTC)
+    previous = [e for e in json.loads(observed.data.get(resources.PREVIOUS_KEY) or "[]")
+                if datetime.fromisoformat(e["notAfter"]) > now]
+    if observed.data.get(key):
+        previous.append({"value": observed.data[key], "notAfter": (now + timedelta(seconds=overlap)).isoformat()})
+    scheme = str((spec.get("signature") or {}).get("scheme"))
+    await kube.patch_secret(res.namespace, secret_name,
+                            {key: get_scheme(scheme).generate_secret(), resources.PREVIOUS_KEY: json.dumps(previous)},
+                            annotations={ROTATED_FOR: token})
+    return f"rotated Secret {secret_name}; the previous secret stays valid for {overlap} s"
