@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 from datetime import UTC, datetime
 from typing import Any
 
+from hookline_operator.podtemplate import WorkerTemplate, configured_template, provider_pod
+
 MANAGED_BY = {"app.kubernetes.io/managed-by": "hookline-operator"}
 PREVIOUS_KEY = "previous"  # JSON list of {"value", "notAfter"}: rotated-out secrets still valid for a while
-DEFAULT_IMAGE = "ghcr.io/hookline/hookline:0.1.0"
 WORKER_PORT = 8081
+DATABASE_SECRET_KEY = "url"
 
 
 def secret_ref(name: str, spec: dict[str, Any]) -> tuple[str, str]:
@@ -42,25 +43,33 @@ def worker_name(provider: str) -> str:
     return f"{provider}-worker"
 
 
-def _database_env() -> dict[str, Any]:
-    """The worker's HOOKLINE_DATABASE_URL, from the operator's own configuration.
-
-    Preferably a reference to a Secret (HOOKLINE_WORKER_DATABASE_SECRET, key
-    HOOKLINE_WORKER_DATABASE_SECRET_KEY), which must exist in the provider's namespace.
-    """
-    secret = os.environ.get("HOOKLINE_WORKER_DATABASE_SECRET")
-    if secret:
-        key = os.environ.get("HOOKLINE_WORKER_DATABASE_SECRET_KEY", "url")
-        return {"name": "HOOKLINE_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
-    return {"name": "HOOKLINE_DATABASE_URL", "value": os.environ.get("HOOKLINE_DATABASE_URL", "")}
+def database_secret_name(provider: str) -> str:
+    """The Secret with the URL of the provider's workers' own database role (see tenancy.py)."""
+    return f"{provider}-hookline-database"
 
 
-def worker_deployment(provider: str, spec: dict[str, Any], replicas: int) -> dict[str, Any]:
+def destination_secret_name(provider: str) -> str:
+    """The Secret with the key the workers sign destination calls with."""
+    return f"{provider}-destination-secret"
+
+
+def worker_deployment(provider: str, spec: dict[str, Any], replicas: int,
+                      template: WorkerTemplate | None = None) -> dict[str, Any]:
+    """The provider's worker Deployment: the chart's pod template, the provider's overrides, and
+    what the operator decides (command, probes, ports, the namespace's own database Secret)."""
+    template = template or configured_template()
     lease = int(spec.get("leaseSeconds", 60))
-    labels = {"app.kubernetes.io/name": "hookline", "app.kubernetes.io/component": "worker",
-              "hookline.io/provider": provider, **MANAGED_BY}
     selector = {"app.kubernetes.io/component": "worker", "hookline.io/provider": provider}
-    probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3}
+    labels = {"app.kubernetes.io/name": "hookline", **selector, **MANAGED_BY}
+    pod = provider_pod(template, spec.get("workers") or {})
+    pod["metadata"]["labels"] = {**(pod["metadata"].get("labels") or {}), **labels}
+    pod_spec = pod["spec"]
+    # Workers never talk to the Kubernetes API, whatever ServiceAccount they run as.
+    pod_spec["automountServiceAccountToken"] = False
+    # Longer than a lease: in-flight events finish (or are handed back) before SIGKILL.
+    pod_spec["terminationGracePeriodSeconds"] = lease + 30
+    pod_spec["volumes"] = [*(pod_spec.get("volumes") or []), {"name": "tmp", "emptyDir": {}}]
+    _complete_container(template.container(pod), provider, lease, template.concurrency)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -68,32 +77,22 @@ def worker_deployment(provider: str, spec: dict[str, Any], replicas: int) -> dic
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector},
-            "template": {
-                "metadata": {"labels": labels, "annotations": {
-                    "prometheus.io/scrape": "true", "prometheus.io/port": str(WORKER_PORT)}},
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    # Longer than a lease: in-flight events finish (or are handed back) before SIGKILL.
-                    "terminationGracePeriodSeconds": lease + 30,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [{
-                        "name": "worker",
-                        "image": os.environ.get("HOOKLINE_WORKER_IMAGE", DEFAULT_IMAGE),
-                        "args": ["worker", "--provider", provider, "--port", str(WORKER_PORT),
-                                 "--grace-period", str(lease)],
-                        "env": [_database_env(), {"name": "HOOKLINE_LOG_FORMAT", "value": "json"}],
-                        "ports": [{"name": "http", "containerPort": WORKER_PORT}],
-                        "livenessProbe": probe,
-                        "readinessProbe": {**probe, "httpGet": {"path": "/readyz", "port": "http"}},
-                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
-                                      "limits": {"cpu": "1", "memory": "512Mi"}},
-                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                            "capabilities": {"drop": ["ALL"]}},
-                        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-                    }],
-                    "volumes": [{"name": "tmp", "emptyDir": {}}],
-                },
-            },
+            # Never a surge pod: the connection budget counts replicas, and a queue tolerates a pod less.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": pod,
         },
     }
+
+
+def _complete_container(container: dict[str, Any], provider: str, lease: int, concurrency: int) -> None:
+    probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3}
+    container["args"] = ["worker", "--provider", provider, "--port", str(WORKER_PORT),
+                         "--grace-period", str(lease), "--concurrency", str(concurrency)]
+    database = {"name": "HOOKLINE_DATABASE_URL",
+                "valueFrom": {"secretKeyRef": {"name": database_secret_name(provider), "key": DATABASE_SECRET_KEY}}}
+    # The provider's own credential, first and only: a template cannot point workers elsewhere.
+    container["env"] = [database, *(e for e in container.get("env") or [] if e.get("name") != database["name"])]
+    container["ports"] = [{"name": "http", "containerPort": WORKER_PORT}]
+    container["livenessProbe"] = probe
+    container["readinessProbe"] = {**probe, "httpGet": {"path": "/readyz", "port": "http"}}
+    container["volumeMounts"] = [*(container.get("volumeMounts") or []), {"name": "tmp", "mountPath": "/tmp"}]

@@ -25,17 +25,17 @@ def parse_queries(text: str) -> dict[str, str]:
 
 
 @functools.cache
-def _queries() -> dict[str, str]:
-    text = importlib.resources.files("hookline.core").joinpath("sql/queries.sql").read_text()
+def _queries(filename: str = "queries.sql") -> dict[str, str]:
+    text = importlib.resources.files("hookline.core").joinpath(f"sql/{filename}").read_text()
     return parse_queries(text)
 
 
-def query(name: str) -> str:
-    """The SQL text of the named query from ``sql/queries.sql``."""
+def query(name: str, filename: str = "queries.sql") -> str:
+    """The SQL text of the named query from ``sql/<filename>`` (``sql/queries.sql`` by default)."""
     try:
-        return _queries()[name]
+        return _queries(filename)[name]
     except KeyError:
-        raise KeyError(f"no query named {name!r} in hookline/core/sql/queries.sql") from None
+        raise KeyError(f"no query named {name!r} in hookline/core/sql/{filename}") from None
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

@@ -1,0 +1,217 @@
+"""What a namespace can reach: its workers' own database role, its handler modules, its secrets.
+
+- Each WebhookProvider's workers log in as their own Postgres role, which row-level security
+  limits to the providers of the resource's namespace (migration 0006). The operator creates the
+  role (only a SCRAM verifier of the password reaches Postgres) and writes its URL into a Secret
+  it owns in that namespace; the full-privilege URL never leaves the release namespace.
+- ``spec.handler`` may name only modules the chart grants the namespace (operator.handlerModules).
+- The secret the workers sign destination calls with is written to a Secret the operator owns,
+  so the destination can verify them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Protocol
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+import asyncpg
+
+from hookline.core import db
+from hookline_operator import resources
+
+HANDLER_MODULES_ENV = "HOOKLINE_HANDLER_MODULES"
+ANY_NAMESPACE = "*"
+SCRAM_ITERATIONS = 4096
+
+
+class Outcome(NamedTuple):
+    ok: bool
+    reason: str
+    message: str
+
+
+class SecretView(Protocol):
+    @property
+    def data(self) -> dict[str, str]: ...
+
+    @property
+    def owner_uids(self) -> frozenset[str]: ...
+
+
+class SecretApi(Protocol):
+    """The Kubernetes calls this module needs (hookline_operator.kube.Kube provides them)."""
+
+    async def read_secret(self, namespace: str, name: str) -> Any: ...
+
+    async def create_secret(self, namespace: str, body: dict[str, Any]) -> None: ...
+
+    async def patch_secret(self, namespace: str, name: str, string_data: dict[str, str],
+                           annotations: dict[str, str] | None = None) -> None: ...
+
+
+# -- the workers' database role ----------------------------------------------------------------
+
+
+def role_name(database: str, uid: str) -> str:
+    """The role of one WebhookProvider's workers: stable, unique per database and resource."""
+    digest = hashlib.sha256(f"{database}/{uid}".encode()).hexdigest()
+    return f"hookline_w_{digest[:24]}"
+
+
+def scram_verifier(password: str, *, salt: bytes | None = None, iterations: int = SCRAM_ITERATIONS) -> str:
+    """The SCRAM-SHA-256 verifier Postgres stores for ``password`` (RFC 5802/7677, as libpq's
+    PQencryptPasswordConn builds it), so that the password itself is never sent to the server."""
+    salt = salt or secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
+    return f"SCRAM-SHA-256${iterations}:{_b64(salt)}${_b64(stored_key)}:{_b64(server_key)}"
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def tenant_url(base_url: str, role: str, password: str) -> str:
+    """``base_url`` (the operator's own) with the tenant's user and password instead of its own."""
+    parts = urlsplit(base_url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{quote(role, safe='')}:{quote(password, safe='')}@{host}"))
+
+
+def password_in(url: str | None, role: str) -> str | None:
+    """The password of ``url`` when it logs in as ``role``; None otherwise."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    if parts.username is None or unquote(parts.username) != role or not parts.password:
+        return None
+    return unquote(parts.password)
+
+
+def _secret_manifest(provider: str, name: str, url: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"name": name, "labels": {**resources.MANAGED_BY, "hookline.io/provider": provider,
+                                              "hookline.io/credential": "database"}},
+        "stringData": {resources.DATABASE_SECRET_KEY: url},
+    }
+
+
+async def ensure_worker_credentials(kube: SecretApi, conn: asyncpg.Connection | asyncpg.Pool, owner: Any,
+                                    namespace: str, provider: str, uid: str, base_url: str) -> Outcome:
+    """The provider's workers' role exists with the password in their Secret, which exists too.
+
+    ``owner`` is the WebhookProvider body (for the owner reference). A Secret of that name that is
+    not this resource's is never touched (ResourceConflict).
+    """
+    secret_name = resources.database_secret_name(provider)
+    database = urlsplit(base_url).path.lstrip("/") or "postgres"
+    role = role_name(database, uid)
+    existing = await kube.read_secret(namespace, secret_name)
+    if existing is not None and uid not in existing.owner_uids:
+        return Outcome(False, "ResourceConflict",
+                       f"Secret {secret_name} exists and is not owned by this WebhookProvider; "
+                       "the operator never adopts it: delete or rename it")
+    url = existing.data.get(resources.DATABASE_SECRET_KEY) if existing else None
+    password = password_in(url, role) or secrets.token_urlsafe(32)
+    # The Secret is the password's one home; the role converges to it (a restored database, a
+    # password changed by hand) each time the resource is reconciled.
+    await conn.execute(db.query("ensure_tenant", "tenancy.sql"), role, namespace, uid, scram_verifier(password))
+    wanted = tenant_url(base_url, role, password)
+    if existing is None:
+        import kopf
+
+        manifest = _secret_manifest(provider, secret_name, wanted)
+        kopf.adopt(manifest, owner=owner)
+        await kube.create_secret(namespace, manifest)
+        return Outcome(True, "CredentialsCreated", f"created Secret {secret_name} for database role {role}")
+    if url != wanted:
+        await kube.patch_secret(namespace, secret_name, {resources.DATABASE_SECRET_KEY: wanted})
+        return Outcome(True, "CredentialsUpdated", f"updated Secret {secret_name} for database role {role}")
+    return Outcome(True, "CredentialsReady", f"workers log in as database role {role} (Secret {secret_name})")
+
+
+async def remove_worker_credentials(conn: asyncpg.Connection | asyncpg.Pool, uid: str) -> None:
+    """Drop the role of a deleted resource's workers (its Secret goes with the resource)."""
+    await conn.execute(db.query("drop_tenant", "tenancy.sql"), uid)
+
+
+# -- handler modules ---------------------------------------------------------------------------
+
+
+def configured_handler_modules() -> dict[str, list[str]] | None:
+    """operator.handlerModules from the chart; None (no limit) when the operator runs without it."""
+    raw = os.environ.get(HANDLER_MODULES_ENV)
+    if raw is None:
+        return None
+    try:
+        policy = json.loads(raw or "{}")
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{HANDLER_MODULES_ENV} is not JSON: {exc}") from None
+    if not isinstance(policy, dict) or not all(
+            isinstance(v, list) and all(isinstance(p, str) for p in v) for v in policy.values()):
+        raise ValueError(f"{HANDLER_MODULES_ENV} must map namespaces to lists of module prefixes")
+    return policy
+
+
+def module_allowed(module: str, prefix: str) -> bool:
+    """``prefix`` names a package (or module): itself and everything below it, never a sibling."""
+    package = prefix.rstrip(".")
+    return package == "" or module == package or module.startswith(package + ".")
+
+
+def handler_refusal(namespace: str, spec: Mapping[str, Any],
+                    policy: Mapping[str, list[str]] | None) -> str | None:
+    """Why ``spec.handler`` may not run for this namespace, or None when it may."""
+    handler = spec.get("handler")
+    if not handler or policy is None:
+        return None
+    module = str(handler).partition(":")[0]
+    prefixes = policy.get(namespace, policy.get(ANY_NAMESPACE, []))
+    if any(module_allowed(module, p) for p in prefixes):
+        return None
+    allowed = ", ".join(repr(p) for p in prefixes) if prefixes else "none"
+    return (f"handler module {module!r} is not allowed in namespace {namespace} (allowed module prefixes: "
+            f"{allowed}; the chart value operator.handlerModules grants them)")
+
+
+# -- the destination signing secret ------------------------------------------------------------
+
+
+async def ensure_destination_secret(kube: SecretApi, conn: asyncpg.Connection | asyncpg.Pool, owner: Any,
+                                    namespace: str, provider: str, uid: str) -> Outcome | None:
+    """Mirror the provider's destination signing secret into a Secret this resource owns.
+
+    None when there is nothing to mirror (a handler provider, or the row is not this resource's).
+    """
+    value = await conn.fetchval(db.query("destination_secret", "tenancy.sql"), provider, uid)
+    if not value:
+        return None
+    name = resources.destination_secret_name(provider)
+    existing = await kube.read_secret(namespace, name)
+    if existing is None:
+        import kopf
+
+        manifest = resources.secret_manifest(provider, name, "secret", value)
+        kopf.adopt(manifest, owner=owner)
+        await kube.create_secret(namespace, manifest)
+        return Outcome(True, "DestinationSecretCreated",
+                       f"created Secret {name}: the destination verifies the workers' Standard Webhooks "
+                       "signatures with its key `secret`")
+    if uid not in existing.owner_uids:
+        return Outcome(False, "ResourceConflict", f"Secret {name} exists and is not owned by this WebhookProvider; "
+                                                  "the operator never adopts it: delete or rename it")
+    if existing.data.get("secret") != value:
+        await kube.patch_secret(namespace, name, {"secret": value})
+    return Outcome(True, "DestinationSecretReady", f"destination signing secret in Secret {name}")

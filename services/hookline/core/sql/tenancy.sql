@@ -1,0 +1,14 @@
+-- What the operator runs to give each WebhookProvider's workers their own, row-limited
+-- Postgres role (see migrations/0006_tenants_and_budget.sql), loaded by
+-- hookline.core.db.query(name, "tenancy.sql").
+
+-- name: ensure_tenant
+-- $1 role, $2 namespace, $3 the WebhookProvider's uid, $4 SCRAM-SHA-256 verifier.
+SELECT hookline.ensure_tenant($1, $2, $3, $4);
+
+-- name: drop_tenant
+SELECT hookline.drop_tenant(role_name) FROM hookline.tenants WHERE owner_uid = $1;
+
+-- name: destination_secret
+-- The secret the worker signs destination calls with, for the row this resource owns.
+SELECT destination_secret FROM hookline.providers WHERE name = $1 AND owner_uid = $2;

@@ -1,0 +1,227 @@
+"""Per-provider worker roles with row-level security (migration 0006, operator/tenancy.py), on a real
+Postgres that checks passwords (SCRAM), plus the handler-module rules. The operator's side of it
+(Secrets in the namespace, owner references) is tested in tests/operator/test_tenancy.py."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import asyncpg
+import pytest
+
+from hookline.core import migrations
+from hookline.core.embedded import EmbeddedPostgres
+from hookline_operator import tenancy
+from support.inbox import insert_events
+from support.postgres import with_database
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest.fixture(scope="module")
+def scram_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    """A server where every role but the superuser must prove its password (as in production)."""
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("scram"))
+    server.start()
+    (server.pgdata / "pg_hba.conf").write_text(
+        "host all postgres 127.0.0.1/32 trust\n"
+        "host all all 127.0.0.1/32 scram-sha-256\n")
+    server._run("pg_ctl", "-D", str(server.pgdata), "reload")
+    try:
+        yield server
+    finally:
+        server.stop("immediate")
+
+
+@pytest.fixture
+async def owner(scram_server: EmbeddedPostgres) -> AsyncIterator[asyncpg.Connection]:
+    """A fresh migrated database; the connection of its owner (what the services use)."""
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(scram_server.url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    conn = await asyncpg.connect(with_database(scram_server.url, name))
+    await migrations.migrate(conn)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def add_provider(conn: asyncpg.Connection, name: str, namespace: str | None) -> str:
+    uid = str(uuid.uuid4())
+    spec = '{"signature": {"scheme": "none"}, "destination": {"url": "http://x.invalid/"}}'
+    if namespace is None:
+        await conn.execute("INSERT INTO hookline.providers (name, spec) VALUES ($1, $2::jsonb)", name, spec)
+    else:
+        await conn.execute(
+            "INSERT INTO hookline.providers (name, spec, secrets, destination_secret, managed_by, owner_namespace, "
+            "owner_name, owner_uid) VALUES ($1, $2::jsonb, "
+            "jsonb_build_array(jsonb_build_object('value', 'sig-' || $1)), 'dest-' || $1, 'operator', $3, $1, $4)",
+            name, spec, namespace, uid)
+    await insert_events(conn, name, 3)
+    await conn.execute("INSERT INTO hookline.entity_states (provider, entity_key, state) VALUES ($1, 'e1', 's')",
+                       name)
+    return uid
+
+
+async def tenant_for(owner: asyncpg.Connection, server: EmbeddedPostgres, namespace: str, uid: str
+                     ) -> tuple[str, str]:
+    """(role, URL) of the workers of resource ``uid``, made the way the operator makes them."""
+    database = await owner.fetchval("SELECT current_database()")
+    role = tenancy.role_name(database, uid)
+    password = f"pw-{uuid.uuid4().hex}"
+    await owner.execute("SELECT hookline.ensure_tenant($1, $2, $3, $4)", role, namespace, uid,
+                        tenancy.scram_verifier(password))
+    return role, tenancy.tenant_url(with_database(server.url, database), role, password)
+
+
+async def test_a_worker_role_reaches_only_its_namespace(owner: asyncpg.Connection,
+                                                        scram_server: EmbeddedPostgres) -> None:
+    uid_a = await add_provider(owner, "pay-a", "team-a")
+    await add_provider(owner, "pay-a2", "team-a")
+    await add_provider(owner, "pay-b", "team-b")
+    await add_provider(owner, "cli-made", None)
+    _role, url = await tenant_for(owner, scram_server, "team-a", uid_a)
+
+    team_a = await asyncpg.connect(url)
+    try:
+        assert {r["name"] for r in await team_a.fetch("SELECT name FROM hookline.providers")} == {"pay-a", "pay-a2"}
+        assert {r["provider"] for r in await team_a.fetch("SELECT provider FROM hookline.inbox")} == {"pay-a", "pay-a2"}
+        assert await team_a.fetchval("SELECT count(*) FROM hookline.entity_states WHERE provider = 'pay-b'") == 0
+        # Other teams' signing and destination secrets are out of reach, by name or by any other filter.
+        assert await team_a.fetch("SELECT secrets, destination_secret FROM hookline.providers "
+                                  "WHERE owner_namespace IS DISTINCT FROM 'team-a'") == []
+        # Writes to other teams' rows change nothing...
+        assert await team_a.execute("UPDATE hookline.inbox SET status = 'dead' WHERE provider = 'pay-b'") == "UPDATE 0"
+        assert await team_a.execute("UPDATE hookline.entity_states SET state = 'x' WHERE provider = 'pay-b'") \
+            == "UPDATE 0"
+        # ...and its own rows cannot be handed to another team's provider.
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+            await team_a.execute("UPDATE hookline.inbox SET provider = 'pay-b' WHERE provider = 'pay-a'")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+            await team_a.execute("INSERT INTO hookline.entity_states (provider, entity_key) VALUES ('pay-b', 'x')")
+        # Nothing it does not need: no provider changes, no inserts or deletes of events, no operator tables.
+        for statement in ("UPDATE hookline.providers SET spec = '{}'",
+                          "DELETE FROM hookline.inbox",
+                          "INSERT INTO hookline.inbox (provider, event_id, body) VALUES ('pay-a', 'x', '')",
+                          "SELECT * FROM hookline.operator_tokens",
+                          "SELECT * FROM hookline.tenants",
+                          "SELECT * FROM hookline.worker_allocations",
+                          "SELECT * FROM hookline.outbox"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await team_a.execute(statement)
+        # What a worker does with its own rows works.
+        assert await team_a.execute("UPDATE hookline.inbox SET status = 'done' WHERE provider = 'pay-a'") == "UPDATE 3"
+    finally:
+        await team_a.close()
+    assert await owner.fetchval("SELECT count(*) FROM hookline.inbox WHERE provider = 'pay-b' AND status = 'pending'") \
+        == 3
+    assert await owner.fetchval("SELECT state FROM hookline.entity_states WHERE provider = 'pay-b'") == "s"
+
+
+async def test_the_password_is_checked_and_only_its_verifier_is_stored(owner: asyncpg.Connection,
+                                                                       scram_server: EmbeddedPostgres) -> None:
+    uid = await add_provider(owner, "pw", "team-a")
+    role, url = await tenant_for(owner, scram_server, "team-a", uid)
+    password = tenancy.password_in(url, role)
+    assert password
+    stored = await owner.fetchval("SELECT rolpassword FROM pg_authid WHERE rolname = $1", role)
+    assert stored.startswith("SCRAM-SHA-256$4096:") and password not in stored
+    conn = await asyncpg.connect(url)
+    await conn.close()
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        await asyncpg.connect(url.replace(password, password + "x"))
+
+
+async def test_our_verifier_is_the_one_postgres_computes(owner: asyncpg.Connection) -> None:
+    role = f"verifier_{uuid.uuid4().hex[:8]}"
+    await owner.execute(f"CREATE ROLE {role} PASSWORD 'correct horse battery staple'")
+    try:
+        stored = await owner.fetchval("SELECT rolpassword FROM pg_authid WHERE rolname = $1", role)
+        iterations, salt = stored.split("$")[1].split(":")
+        ours = tenancy.scram_verifier("correct horse battery staple", salt=base64.b64decode(salt),
+                                      iterations=int(iterations))
+        assert ours == stored
+    finally:
+        await owner.execute(f"DROP ROLE {role}")
+
+
+async def test_a_deleted_resource_loses_its_role(owner: asyncpg.Connection, scram_server: EmbeddedPostgres) -> None:
+    uid = await add_provider(owner, "gone", "team-a")
+    role, url = await tenant_for(owner, scram_server, "team-a", uid)
+    await tenancy.remove_worker_credentials(owner, uid)
+    assert await owner.fetchval("SELECT count(*) FROM pg_roles WHERE rolname = $1", role) == 0
+    with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError):
+        await asyncpg.connect(url)
+
+
+async def test_roles_that_are_not_tenants_see_what_they_did_before(owner: asyncpg.Connection,
+                                                                   scram_server: EmbeddedPostgres) -> None:
+    await add_provider(owner, "a", "team-a")
+    await add_provider(owner, "b", None)
+    reader = f"reader_{uuid.uuid4().hex[:8]}"
+    await owner.execute(f"CREATE ROLE {reader} LOGIN PASSWORD 'reader-pw'")
+    await owner.execute(f"GRANT USAGE ON SCHEMA hookline TO {reader}; GRANT SELECT ON hookline.inbox TO {reader}")
+    database = await owner.fetchval("SELECT current_database()")
+    conn = await asyncpg.connect(tenancy.tenant_url(with_database(scram_server.url, database), reader, "reader-pw"))
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM hookline.inbox") == 6
+    finally:
+        await conn.close()
+        await owner.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA hookline FROM {reader}; "
+                            f"REVOKE ALL ON SCHEMA hookline FROM {reader}; DROP ROLE {reader}")
+
+
+# -- pure rules --------------------------------------------------------------------------------
+
+
+def test_role_names_are_stable_unique_and_valid() -> None:
+    a = tenancy.role_name("hookline", "uid-1")
+    assert a == tenancy.role_name("hookline", "uid-1")
+    assert a != tenancy.role_name("hookline", "uid-2") != tenancy.role_name("other", "uid-1")
+    assert len(a) <= 63 and a.isidentifier() and a == a.lower()
+
+
+def test_tenant_url_swaps_only_the_credentials() -> None:
+    url = tenancy.tenant_url("postgresql://admin:s3cret@db.example:6432/hookline?sslmode=require", "r", "p/w@")
+    assert url == "postgresql://r:p%2Fw%40@db.example:6432/hookline?sslmode=require"
+    assert tenancy.password_in(url, "r") == "p/w@"
+    assert tenancy.password_in(url, "someone-else") is None
+    assert tenancy.tenant_url("postgresql://[::1]:5432/db", "r", "p") == "postgresql://r:p@[::1]:5432/db"
+
+
+@pytest.mark.parametrize(("namespace", "handler", "allowed"), [
+    ("team-a", "team_a.hooks:f", True),
+    ("team-a", "team_a:f", True),
+    ("team-a", "team_ab.hooks:f", False),  # a sibling package, not a sub-package
+    ("team-a", "team_b.hooks:f", False),
+    ("team-b", "shared.webhooks:f", True),  # "*" for namespaces not listed
+    ("team-b", "shared.webhooksx:f", False),
+    ("team-c", "anything.at_all:f", True),
+    ("team-d", "os:system", False),  # an empty list allows no module
+])
+def test_handler_modules_per_namespace(namespace: str, handler: str, allowed: bool) -> None:
+    policy = {"team-a": ["team_a."], "team-c": [""], "team-d": [], "*": ["shared.webhooks"]}
+    refusal = tenancy.handler_refusal(namespace, {"handler": handler}, policy)
+    assert (refusal is None) is allowed, refusal
+    if refusal:
+        assert handler.partition(":")[0] in refusal and namespace in refusal
+
+
+def test_no_policy_and_destinations_are_never_refused() -> None:
+    assert tenancy.handler_refusal("x", {"handler": "os:system"}, None) is None
+    assert tenancy.handler_refusal("x", {"destination": {"url": "http://a/"}}, {}) is None
+    assert tenancy.handler_refusal("x", {"handler": "team_a:f"}, {}) is not None
+
+
+def test_handler_policy_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(tenancy.HANDLER_MODULES_ENV, raising=False)
+    assert tenancy.configured_handler_modules() is None
+    monkeypatch.setenv(tenancy.HANDLER_MODULES_ENV, '{"team-a": ["team_a"]}')
+    assert tenancy.configured_handler_modules() == {"team-a": ["team_a"]}
+    monkeypatch.setenv(tenancy.HANDLER_MODULES_ENV, '{"team-a": "team_a"}')
+    with pytest.raises(ValueError, match="lists of module prefixes"):
+        tenancy.configured_handler_modules()
