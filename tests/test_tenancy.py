@@ -17,7 +17,6 @@ from hookline_operator import tenancy
 from support.inbox import insert_events
 from support.postgres import with_database
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 @pytest.fixture(scope="module")

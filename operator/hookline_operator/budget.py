@@ -1,0 +1,114 @@
+"""The workers' connection budget: the sum over every worker Deployment the operator manages of
+replicas x connections per replica never passes what the chart leaves for workers
+(database.maxConnections minus receiver, relay, operator and migrations: HOOKLINE_WORKER_CONNECTION_BUDGET).
+
+Shared by all providers, so it is decided in Postgres (``hookline.worker_allocations``) under one
+lock, not in one timer's memory: every scaling decision records what its provider wants and has,
+and grants are max-min fair over all of them (``fair_shares``). A provider never scales up into
+connections another provider still holds; it scales down at once to its fair share, and the
+connections it frees are recorded only after its Deployment has shrunk.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import asyncpg
+
+from hookline.core import db
+from hookline_operator.ownership import Resource
+
+BUDGET_ENV = "HOOKLINE_WORKER_CONNECTION_BUDGET"
+SQL = "budget.sql"
+
+
+class Demand(NamedTuple):
+    wanted: int
+    connections_per_replica: int
+
+
+class Grant(NamedTuple):
+    replicas: int
+    capped: bool
+    message: str
+
+
+def configured_budget() -> int | None:
+    """Connections all workers may hold together; None when the chart sets no limit."""
+    raw = os.environ.get(BUDGET_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        budget = int(raw)
+    except ValueError:
+        raise ValueError(f"{BUDGET_ENV} must be a whole number of connections, not {raw!r}") from None
+    if budget < 0:
+        raise ValueError(f"{BUDGET_ENV} must not be negative, not {budget}")
+    return budget
+
+
+def fair_shares(demands: Mapping[str, Demand], budget: int) -> dict[str, int]:
+    """Max-min fair replicas: repeatedly give one more replica to the provider that has the fewest
+    (ties by key, so the answer is the same on every tick), while its demand and the budget allow."""
+    shares = dict.fromkeys(demands, 0)
+    left = budget
+    while True:
+        hungry = [k for k, d in demands.items() if shares[k] < d.wanted and d.connections_per_replica <= left]
+        if not hungry:
+            return shares
+        key = min(hungry, key=lambda k: (shares[k], k))
+        shares[key] += 1
+        left -= demands[key].connections_per_replica
+
+
+def decide(uid: str, wanted: int, current: int, rows: Sequence[Mapping[str, Any]], budget: int) -> Grant:
+    """This provider's replicas given everyone's rows (its own included); pure."""
+    demands = {str(r["owner_uid"]): Demand(int(r["wanted"]), int(r["connections_per_replica"])) for r in rows}
+    per_replica = demands[uid].connections_per_replica
+    share = fair_shares(demands, budget)[uid]
+    held_by_others = sum(int(r["replicas"]) * int(r["connections_per_replica"]) for r in rows if r["owner_uid"] != uid)
+    free_for_us = max(0, budget - held_by_others) // per_replica
+    replicas = min(wanted, share)
+    if replicas > current:
+        # Up only into connections nobody holds now: others shrink to their shares on their own ticks.
+        replicas = max(current, min(replicas, free_for_us))
+    if replicas >= wanted:
+        return Grant(replicas, False, "")
+    return Grant(replicas, True, (
+        f"wants {wanted} replica(s), the connection budget allows {replicas}: workers may hold {budget} "
+        f"connections (database.maxConnections), {per_replica} per replica, {held_by_others} held by other "
+        f"providers' workers, fair share {share}"))
+
+
+async def grant(pool: asyncpg.Pool, res: Resource, wanted: int, current: int, connections_per_replica: int,
+                budget: int, stale_after: float) -> Grant:
+    """Record this provider's demand and decide its replicas, atomically with everyone else's."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(db.query("lock_budget", SQL))
+        await conn.execute(db.query("forget_stale_allocations", SQL), stale_after)
+        # Until a scale-down has happened, the connections are still held: record the larger.
+        await conn.execute(db.query("upsert_allocation", SQL), res.uid, res.namespace, res.name, wanted, current,
+                           connections_per_replica)
+        rows = [dict(r) for r in await conn.fetch(db.query("allocations", SQL))]
+        decision = decide(res.uid, wanted, current, rows, budget)
+        if decision.replicas > current:
+            await conn.execute(db.query("set_allocated_replicas", SQL), res.uid, decision.replicas)
+        return decision
+
+
+async def record(pool: asyncpg.Pool, res: Resource, replicas: int) -> None:
+    """What the Deployment is set to now, after a scale-down."""
+    await pool.execute(db.query("set_allocated_replicas", SQL), res.uid, replicas)
+
+
+async def hold(pool: asyncpg.Pool, res: Resource, replicas: int, connections_per_replica: int) -> None:
+    """Scaling is paused: the replicas it has stay counted, and it asks for no more."""
+    await pool.execute(db.query("upsert_allocation", SQL), res.uid, res.namespace, res.name, replicas, replicas,
+                       connections_per_replica)
+
+
+async def forget(pool: asyncpg.Pool, res: Resource) -> None:
+    """The resource is gone (its Deployment with it)."""
+    await pool.execute(db.query("delete_allocation", SQL), res.uid)
