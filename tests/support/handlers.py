@@ -40,6 +40,14 @@ async def kill_my_worker(event: Any, conn: asyncpg.Connection) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+async def kill_my_worker_on_crash_events(event: Any, conn: asyncpg.Connection) -> None:
+    """Events of type "crash" end the worker's process; every other event is recorded slowly, so
+    that several are in flight in the worker when it dies."""
+    if event.event_type == "crash":
+        await kill_my_worker(event, conn)
+    await record_effect_slowly(event, conn)
+
+
 async def fail_until_third(event: Any, conn: asyncpg.Connection) -> None:
     await _record_call(event)
     if event.attempts < 3:

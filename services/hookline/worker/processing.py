@@ -145,15 +145,17 @@ class Processor:
 
     async def _book_effect(self, event: Event, provider: Provider) -> Result:
         """Write "done" for an effect that happened outside our database. Never books a retry or
-        a dead letter: the effect succeeded. Failed writes are retried for up to one lease length
-        (the heartbeat keeps the lease meanwhile); after that the outcome is unknown and the row is
-        left as it is, so its lease expires and the next attempt's guarded completion decides."""
-        give_up_at = time.monotonic() + provider.lease_seconds
+        a dead letter: the effect succeeded. A failed write is retried for up to one lease length
+        from the first failure (the heartbeat keeps the lease meanwhile); after that the outcome is
+        unknown and the row is left as it is, so its lease expires and the next attempt's guarded
+        completion decides."""
+        give_up_at: float | None = None
         pause = 0.05
         while True:
             try:
                 return Result.DONE if await self._complete_later(event.id, event.attempts) else Result.LOST
             except Exception as exc:
+                give_up_at = give_up_at or time.monotonic() + provider.lease_seconds
                 if time.monotonic() + pause >= give_up_at:
                     log.error("effect done but its completion could not be written; the lease will expire and "
                               "the event run again", extra={"provider": event.provider, "event_id": event.event_id,
