@@ -24,15 +24,16 @@ from urllib.parse import urlsplit
 
 import kopf
 
-from hookline.core import db, http
+from hookline.core import db, http, pools
 from hookline.core.maintenance import sweep_once
 from hookline.core.queue import RetryPolicy
-from hookline_operator import resources, stats, tokens
+from hookline_operator import budget, resources, stats, tenancy, tokens
 from hookline_operator import status as report
 from hookline_operator.conditions import now_iso, set_condition
 from hookline_operator.kube import GROUP, PLURAL, VERSION, Kube
 from hookline_operator.memo import OperatorMemo, ScalingOutcome, resource_state
 from hookline_operator.ownership import Resource
+from hookline_operator.podtemplate import TemplateError, configured_template
 from hookline_operator.reconcile import announce, converge, observe_secret, release_row
 from hookline_operator.scaling import ScalePolicy, recommend
 from hookline_operator.stats import DATABASE_ERRORS
@@ -81,7 +82,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
 async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
     configure(settings)
     memo.kube = Kube()
-    memo.pool = await db.create_pool(min_size=1, max_size=5)
+    memo.pool = await db.create_pool(min_size=1, max_size=pools.OPERATOR)
     memo.tasks.append(asyncio.create_task(stats.run(memo.pool, memo.stats, memo.interval), name="inbox-stats"))
     if memo.http_url:
         url = urlsplit(memo.http_url)
@@ -116,20 +117,27 @@ async def sync_status(body: kopf.Body, spec: dict[str, Any], status_now: dict[st
     except DATABASE_ERRORS as exc:
         after = report.database_unavailable(before, f"cannot reach Postgres ({type(exc).__name__})",
                                             state.scaling, res.generation)
-        patch.status["conditions"] = after
+        write_changed(patch, status_now, {"conditions": after})
         return
     state.claim = observation.sync.claim or state.claim
     after = report.compose(before, observation, state.scaling, res.generation)
     after = rotation_condition(after, body, status_now, res.generation)
     for reason, message in report.new_conflicts(before, after):
         announce(body, reason, message, warning=True)
-    patch.status["conditions"] = after
-    patch.status["observedGeneration"] = res.generation
+    fields: dict[str, Any] = {"conditions": after, "observedGeneration": res.generation}
     snapshot = memo.stats.fresh(memo.interval)
     if state.claim is not None and not state.claim.owned:
-        patch.status.update(stats.NOT_REPORTED)  # never another owner's numbers
+        fields.update(stats.NOT_REPORTED)  # never another owner's numbers
     elif snapshot is not None:
-        patch.status.update(stats.status_fields(snapshot.of(res.name)))
+        fields.update(stats.status_fields(snapshot.of(res.name)))
+    write_changed(patch, status_now, fields)
+
+
+def write_changed(patch: kopf.Patch, status_now: dict[str, Any], fields: dict[str, Any]) -> None:
+    """Patch only what differs: a steady provider costs no API write (and no watch event) per tick."""
+    for key, value in fields.items():
+        if status_now.get(key) != value:
+            patch.status[key] = value
 
 
 def rotation_condition(conditions: report.Conditions, body: kopf.Body, status_now: dict[str, Any],
@@ -163,6 +171,10 @@ async def sync(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: Oper
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 async def delete(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
     res = resource_of(body)
+    # Its workers' role and its share of the connection budget go with it (its Secrets and
+    # Deployment are garbage-collected through their owner references).
+    await tenancy.remove_worker_credentials(memo.db, res.uid)
+    await budget.forget(memo.db, res)
     if await release_row(memo.db, res):
         announce(body, "ProviderRemoved", f"provider {res.name} removed from hookline.providers; its stored "
                                           f"events stay")
@@ -194,6 +206,7 @@ async def scale_workers(body: kopf.Body, spec: dict[str, Any], memo: OperatorMem
         desired, outcome = 0, ScalingOutcome(False, "NameConflict", "no workers while the provider name belongs "
                                                                     "to another owner")
     elif annotations.get(PAUSED_ANNOTATION) == "true":
+        await hold_budget(memo, res, current)
         return ScalingOutcome(False, "Paused", f"{PAUSED_ANNOTATION} is set; replicas stay at {current}"), current
     elif snapshot is None:
         # Never act on what we cannot see: replicas stay as they are until Postgres answers.
@@ -204,18 +217,54 @@ async def scale_workers(body: kopf.Body, spec: dict[str, Any], memo: OperatorMem
                                            policy)
         outcome = ScalingOutcome(True, "Active", f"due {load.due}, in flight {load.in_flight}, retrying "
                                                  f"{load.retrying}, deferred {load.deferred}: {desired} replica(s)")
+    try:
+        desired, outcome = await within_budget(body, memo, res, desired, current, outcome)
+    except TemplateError as exc:
+        return ScalingOutcome(False, "InvalidWorkerTemplate", f"{exc}; replicas stay at {current}"), current
     if desired != current:
         await memo.k8s.scale_deployment(res.namespace, name, desired)
         announce(body, "Scaled", f"scaled {name} from {current} to {desired} replicas ({outcome.message})")
+        if desired < current and budget.configured_budget() is not None:
+            await budget.record(memo.db, res, desired)  # the connections are free only now
     return outcome, desired
 
 
+def _stale_after(memo: OperatorMemo) -> float:
+    # Every live provider refreshes its row each tick; a row this old belongs to no resource we manage.
+    return max(300.0, 30 * memo.interval)
+
+
+async def within_budget(body: kopf.Body, memo: OperatorMemo, res: Resource, desired: int, current: int,
+                        outcome: ScalingOutcome) -> tuple[int, ScalingOutcome]:
+    """``desired`` capped by the workers' connection budget (budget.py), and the outcome saying so."""
+    limit = budget.configured_budget()
+    if limit is None:
+        return desired, outcome
+    per_replica = configured_template().connections_per_replica
+    decision = await budget.grant(memo.db, res, desired, current, per_replica, limit, _stale_after(memo))
+    state = resource_state(memo)
+    if not decision.capped:
+        state.budget_note = ""
+        return decision.replicas, outcome
+    if state.budget_note != decision.message:  # one Warning per new situation, not one per tick
+        announce(body, "ConnectionBudget", decision.message, warning=True)
+        state.budget_note = decision.message
+    return decision.replicas, ScalingOutcome(False, "ConnectionBudget", decision.message)
+
+
+async def hold_budget(memo: OperatorMemo, res: Resource, current: int) -> None:
+    """A paused provider keeps its replicas counted against the budget."""
+    if budget.configured_budget() is not None:
+        await budget.hold(memo.db, res, current, configured_template().connections_per_replica)
+
+
 @kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, initial_delay=min(INTERVAL, 1.0), when=_not_deleting)
-async def scale(body: kopf.Body, spec: kopf.Spec, memo: OperatorMemo, patch: kopf.Patch, **_: Any) -> None:
+async def scale(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: OperatorMemo, patch: kopf.Patch,
+                **_: Any) -> None:
     outcome, replicas = await scale_workers(body, dict(spec), memo)
     resource_state(memo).scaling = outcome
     if replicas is not None:
-        patch.status["replicas"] = replicas
+        write_changed(patch, dict(status), {"replicas": replicas})
 
 
 # --- leases --------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ class ResourceState:
     stabilizer: Stabilizer = field(default_factory=Stabilizer)
     claim: Claim | None = None  # the last claim decision; None until the first sync
     scaling: ScalingOutcome | None = None
+    budget_note: str = ""  # the last ConnectionBudget message announced, so it is announced once
 
 
 @dataclass

@@ -27,9 +27,10 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from hookline.core import db
+from hookline.core.config import database_url
 from hookline.core.providers import SpecError, parse_provider
 from hookline.core.signatures import get_scheme
-from hookline_operator import resources
+from hookline_operator import resources, tenancy
 from hookline_operator.kube import Kube, ObservedSecret
 from hookline_operator.ownership import (
     Claim,
@@ -41,6 +42,7 @@ from hookline_operator.ownership import (
     owns,
     secret_source,
 )
+from hookline_operator.podtemplate import TemplateError
 from hookline_operator.scaling import ScalePolicy
 
 log = logging.getLogger("hookline.operator")
@@ -67,14 +69,14 @@ class SyncState(NamedTuple):
     """The provider row: claimed and in step with the spec, or why not."""
 
     synced: bool
-    reason: str  # Synced, InvalidSpec, NameConflict, SecretNotReady, ClaimRetry
+    reason: str  # Synced, InvalidSpec, HandlerNotAllowed, NameConflict, SecretNotReady, ClaimRetry
     message: str
     claim: Claim | None = None  # None when no claim was attempted (bad spec, no secret)
 
 
 class WorkersState(NamedTuple):
     ok: bool
-    reason: str  # WorkersCreated, WorkersReady, WaitingForName, ResourceConflict
+    reason: str  # WorkersCreated, WorkersReady, WaitingForName, ResourceConflict, InvalidWorkerTemplate
     message: str
 
 
@@ -165,6 +167,9 @@ async def claim_and_sync(pool: asyncpg.Pool, kube: Kube, res: Resource, spec: di
                          secret: SecretState) -> SyncState:
     if not secret.ready:
         return SyncState(False, "SecretNotReady", "waiting for the signing secret")
+    refusal = tenancy.handler_refusal(res.namespace, spec, tenancy.configured_handler_modules())
+    if refusal:
+        return SyncState(False, "HandlerNotAllowed", refusal)
     key = resources.secret_ref(res.name, spec)[1]
     secrets = resources.valid_secrets(secret.data, key) if secret.data else []
     try:
@@ -234,9 +239,31 @@ async def ensure_workers(kube: Kube, body: kopf.Body, res: Resource, spec: dict[
     return WorkersState(True, "WorkersReady", f"Deployment {name} is managed by the operator")
 
 
+async def ensure_access(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Resource, sync: SyncState
+                        ) -> WorkersState | None:
+    """The workers' own database credential and the destination signing secret, as Secrets this
+    resource owns (tenancy.py); a WorkersState when something stands in the way, else None."""
+    if sync.claim is None or not sync.claim.owned:
+        return None
+    outcomes = [await tenancy.ensure_worker_credentials(kube, pool, body, res.namespace, res.name, res.uid,
+                                                        database_url()),
+                await tenancy.ensure_destination_secret(kube, pool, body, res.namespace, res.name, res.uid)]
+    for outcome in outcomes:
+        if outcome is None:
+            continue
+        if not outcome.ok:
+            return WorkersState(False, outcome.reason, outcome.message)
+        if outcome.reason.endswith(("Created", "Updated")):
+            announce(body, outcome.reason, outcome.message)
+    return None
+
+
 async def converge(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Resource, spec: dict[str, Any]
                    ) -> Observation:
     secret = await ensure_secret(kube, body, res, spec)
     sync = await claim_and_sync(pool, kube, res, spec, secret)
-    workers = await ensure_workers(kube, body, res, spec, sync)
+    try:
+        workers = await ensure_access(pool, kube, body, res, sync) or await ensure_workers(kube, body, res, spec, sync)
+    except TemplateError as exc:
+        workers = WorkersState(False, "InvalidWorkerTemplate", str(exc))
     return Observation(secret, sync, workers)

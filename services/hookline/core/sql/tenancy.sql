@@ -12,3 +12,8 @@ SELECT hookline.drop_tenant(role_name) FROM hookline.tenants WHERE owner_uid = $
 -- name: destination_secret
 -- The secret the worker signs destination calls with, for the row this resource owns.
 SELECT destination_secret FROM hookline.providers WHERE name = $1 AND owner_uid = $2;
+
+-- name: tenant_ready
+-- The role exists, may log in and is registered: nothing to converge unless its Secret changed.
+SELECT EXISTS (SELECT 1 FROM hookline.tenants AS t JOIN pg_roles AS r ON r.rolname = t.role_name
+               WHERE t.role_name = $1 AND r.rolcanlogin);
