@@ -84,8 +84,10 @@ class LeasedConsumer(ABC):
         """Start the task for a claimed suspect row (with ``spawn``), as ``claim_round`` does for its rows."""
 
     def shortest_lease(self) -> float:
-        """The shortest lease a claim may take; paces the heartbeat."""
-        return min((lease for _, lease, _ in self.in_flight.values()), default=60.0)
+        """The shortest lease a claim may take; paces the heartbeat. Subclasses that know their
+        partitions' leases say so (the default sees only what is leased at the moment)."""
+        leased = [*self.in_flight.values(), *self.completing.values()]
+        return min((lease for _, lease, _ in leased), default=60.0)
 
     def on_notify(self, channel: str, payload: str) -> bool:
         """Whether a notification should wake the claim loop."""

@@ -1,0 +1,192 @@
+"""The shared consumer loop (core/consumer.py) and the queue's suspect statements, in-process on a real Postgres.
+
+A small consumer over the inbox runs tasks that wait for the test, so the test
+decides when each effect is done and when its completion is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+import asyncpg
+import pytest
+from prometheus_client import REGISTRY
+
+from hookline.core.consumer import LeasedConsumer
+from hookline.core.maintenance import sweep_once
+from hookline.core.queue import INBOX, RetryPolicy
+from support.inbox import insert_events, wait_for
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+LEASE = 1.0
+IMMEDIATE = RetryPolicy(max_attempts=10, initial_delay=0, max_delay=0)
+
+
+class GatedConsumer(LeasedConsumer):
+    """Claims inbox rows of provider "p"; each task waits for ``effect[id]`` (then gives back its
+    slot, as the worker does once an effect is done) and for ``booked[id]`` before completing."""
+
+    def __init__(self, pool: asyncpg.Pool, concurrency: int) -> None:
+        super().__init__(pool, INBOX, worker_id="gated", channels=(), concurrency=concurrency,
+                         poll_interval=0.05, grace_period=1.0)
+        self.effect: dict[int, asyncio.Event] = {}
+        self.booked: dict[int, asyncio.Event] = {}
+        self.log: list[tuple[str, int, bool]] = []  # ("start" | "end", id, suspect)
+
+    def suspect_partitions(self) -> dict[str, float]:
+        return {"p": LEASE}
+
+    def shortest_lease(self) -> float:
+        return LEASE
+
+    async def start_suspect(self, row: asyncpg.Record) -> None:
+        self._start(row)
+
+    async def claim_round(self) -> int:
+        rows = await INBOX.claim(self.pool, "p", self.free_slots, self.worker_id, LEASE)
+        for row in rows:
+            self._start(row)
+        return len(rows)
+
+    def _start(self, row: asyncpg.Record) -> None:
+        self.effect[row["id"]] = asyncio.Event()
+        self.booked[row["id"]] = asyncio.Event()
+        self.spawn(row["id"], self._work(row), LEASE, "p")
+
+    async def _work(self, row: asyncpg.Record) -> None:
+        id = row["id"]
+        self.log.append(("start", id, row["suspect"]))
+        await self.effect[id].wait()
+        self.free_slot(id)
+        await self.booked[id].wait()
+        await INBOX.complete(self.pool, [(id, row["attempts"])], self.worker_id)
+        self.log.append(("end", id, row["suspect"]))
+
+    def finish(self, id: int) -> None:
+        self.effect[id].set()
+        self.booked[id].set()
+
+
+@pytest.fixture
+async def consumers(pool: asyncpg.Pool) -> AsyncIterator[Callable[[int], GatedConsumer]]:
+    started: list[GatedConsumer] = []
+
+    def start(concurrency: int) -> GatedConsumer:
+        consumer = GatedConsumer(pool, concurrency)
+        started.append(consumer)
+        return consumer
+
+    yield start
+    for consumer in started:
+        for id in consumer.effect:
+            consumer.finish(id)
+        await consumer.stop_loops()
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def ids_of(pool: asyncpg.Pool, event_ids: list[str]) -> list[int]:
+    return [r["id"] for r in await pool.fetch("SELECT id FROM hookline.inbox WHERE event_id = ANY($1) ORDER BY id",
+                                              event_ids)]
+
+
+async def test_an_effect_done_keeps_its_lease_until_its_completion_is_written(
+        pool: asyncpg.Pool, consumers: Callable[[int], GatedConsumer]) -> None:
+    [event] = await insert_events(pool, "p", 1)
+    consumer = consumers(2)
+    await consumer.start_loops()
+    await until(lambda: len(consumer.effect) == 1)
+    [id] = consumer.effect
+    first_expiry = await pool.fetchval("SELECT lease_expires_at FROM hookline.inbox WHERE id = $1", id)
+    consumer.effect[id].set()  # the effect is done; the completion is not written yet
+    await until(lambda: id in consumer.completing)
+    assert consumer.free_slots == 2  # the slot is free for the next claim ...
+    sweeper = asyncio.create_task(_sweep_forever(pool))
+    try:
+        # ... but the lease is extended past three of its lengths, with the sweeper running all along.
+        await wait_for(pool, "SELECT lease_expires_at > $2::timestamptz + make_interval(secs => 3) "
+                             "FROM hookline.inbox WHERE id = $1", True, id, first_expiry, timeout=15)
+    finally:
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
+    row = await pool.fetchrow("SELECT status, attempts, locked_by FROM hookline.inbox WHERE id = $1", id)
+    assert (row["status"], row["attempts"], row["locked_by"]) == ("processing", 1, "gated")
+    consumer.booked[id].set()
+    await wait_for(pool, "SELECT status FROM hookline.inbox WHERE event_id = $1", "done", event)
+    await until(lambda: not consumer.busy)
+
+
+async def _sweep_forever(pool: asyncpg.Pool) -> None:
+    while True:
+        await sweep_once(pool, {"p": IMMEDIATE})
+        await asyncio.sleep(0.1)
+
+
+async def test_a_suspect_waits_for_in_flight_work_then_runs_alone(
+        pool: asyncpg.Pool, consumers: Callable[[int], GatedConsumer]) -> None:
+    before = await ids_of(pool, await insert_events(pool, "p", 3))
+    consumer = consumers(3)
+    consumer.suspect_check_interval = 0  # look for suspects on every claim round
+    await consumer.start_loops()
+    await until(lambda: len(consumer.effect) == 3)
+    # A suspect arrives (as if swept after a crash elsewhere), with new work behind it.
+    [suspect] = await ids_of(pool, await insert_events(pool, "p", 1))
+    await pool.execute("UPDATE hookline.inbox SET suspect = true WHERE id = $1", suspect)
+    after = await ids_of(pool, await insert_events(pool, "p", 3))
+    claimed_before = _suspects_claimed()
+    for id in before:  # a slot frees; the consumer drains instead of filling it
+        consumer.finish(id)
+        await wait_for(pool, "SELECT status FROM hookline.inbox WHERE id = $1", "done", id)
+    await until(lambda: suspect in consumer.effect)
+    assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'processing'") == 1
+    consumer.finish(suspect)
+    await wait_for(pool, "SELECT count(*) FROM hookline.inbox WHERE status = 'processing'", 3)
+    for id in after:
+        consumer.finish(id)
+    await wait_for(pool, "SELECT count(*) FROM hookline.inbox WHERE status = 'done'", 7)
+    starts = [id for kind, id, _ in consumer.log if kind == "start"]
+    suspect_start = consumer.log.index(("start", suspect, True))
+    suspect_end = consumer.log.index(("end", suspect, True))
+    # Everything claimed before it had ended when it started; nothing started while it ran.
+    assert all(consumer.log.index(("end", id, False)) < suspect_start for id in before)
+    assert all(consumer.log.index(("start", id, False)) > suspect_end for id in after)
+    assert sorted(starts) == sorted([*before, suspect, *after])
+    assert await pool.fetchval("SELECT suspect FROM hookline.inbox WHERE id = $1", suspect) is False
+    assert _suspects_claimed() == claimed_before + 1
+
+
+def _suspects_claimed() -> float:
+    return REGISTRY.get_sample_value("hookline_suspects_claimed_total", {"queue": "hookline.inbox",
+                                                                        "partition": "p"}) or 0.0
+
+
+async def test_the_sweep_makes_suspects_that_only_claim_suspect_hands_out(pool: asyncpg.Pool) -> None:
+    await insert_events(pool, "p", 20)
+    claimed = await INBOX.claim(pool, "p", 20, "crashed-worker", 0.0)
+    assert len(claimed) == 20
+    # Later attempts have a wide backoff window: each row gets its own point in it.
+    await pool.execute("UPDATE hookline.inbox SET attempts = 5")
+    swept = await sweep_once(pool, {"p": RetryPolicy(max_attempts=10, initial_delay=0.01, max_delay=0.2)})
+    assert swept.requeued == {"p": 20} and swept.crashed == {"p": 1}
+    rows = await pool.fetch("SELECT status, suspect, next_attempt_at FROM hookline.inbox")
+    assert {(r["status"], r["suspect"]) for r in rows} == {("pending", True)}
+    assert len({r["next_attempt_at"] for r in rows}) > 10  # not due together again
+    await wait_for(pool, "SELECT count(*) FROM hookline.inbox WHERE next_attempt_at <= now()", 20)
+    assert await INBOX.claim(pool, "p", 20, "w", 30) == []  # normal claims skip suspects
+    assert await INBOX.claim_suspect(pool, {"other": 30.0}, "w") is None  # only the partitions asked for
+    assert await INBOX.suspects_due(pool, ["p"]) and not await INBOX.suspects_due(pool, ["other"])
+    one = await INBOX.claim_suspect(pool, {"p": 30.0}, "w")
+    assert one is not None and one["suspect"] and one["attempts"] == 6 and one["locked_by"] == "w"
+    assert (await INBOX.stats(pool))["p"].suspects == 19
+    assert await INBOX.complete(pool, [(one["id"], one["attempts"])], "w") == {one["id"]}
+    assert await pool.fetchval("SELECT suspect FROM hookline.inbox WHERE id = $1", one["id"]) is False
