@@ -1,0 +1,149 @@
+"""Chart values -> the worker template ConfigMap -> the worker Deployments the operator creates, with a
+provider's own overrides; a changed template reaches existing Deployments."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apiserver import ApiServer
+
+from support.kube import eventually, kget
+from support.operator import condition, start_operator
+from support.processes import ServiceProcess
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chart"))
+from chartkit import MINIMAL, deep_merge, render
+
+WORKER_VALUES: dict[str, Any] = {
+    "image": "registry.example/hookline:chart-test",
+    "pullPolicy": "Always",
+    "imagePullSecrets": [{"name": "regcred"}],
+    "concurrency": 7,
+    "resources": {"requests": {"cpu": "150m", "memory": "160Mi"}, "limits": {"cpu": "3", "memory": "768Mi"}},
+    "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 20001, "runAsGroup": 20001,
+                           "seccompProfile": {"type": "RuntimeDefault"}},
+    "containerSecurityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                 "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+    "serviceAccountName": "hookline-worker",
+    "priorityClassName": "webhooks",
+    "nodeSelector": {"pool": "workers"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "workers", "effect": "NoSchedule"}],
+    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 50, "podAffinityTerm": {
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "worker"}}}}]}},
+    "extraEnv": [{"name": "TEAM_SETTING", "value": "on"}],
+    "extraEnvFrom": [{"configMapRef": {"name": "handler-config"}}],
+    "podAnnotations": {"example.com/owner": "platform"},
+    "podLabels": {"cost-center": "webhooks"},
+}
+
+PROVIDER = """
+apiVersion: hookline.io/v1alpha1
+kind: WebhookProvider
+metadata: {{name: {name}}}
+spec:
+  signature: {{scheme: standard-webhooks}}
+  destination: {{url: "http://orders.{name}.svc/webhooks"}}
+  workers:
+    maxReplicas: 3
+{overrides}
+"""
+
+OVERRIDES = """    resources: {requests: {cpu: 500m, memory: 1Gi}, limits: {cpu: "4", memory: 2Gi}}
+    nodeSelector: {pool: big}
+    tolerations: [{key: big, operator: Exists, effect: NoSchedule}]
+    priorityClassName: payments-critical
+"""
+
+
+def chart_template(worker: dict[str, Any]) -> str:
+    """The bytes the chart puts in the ConfigMap the operator pod mounts."""
+    rendered = render(deep_merge(MINIMAL, {"worker": worker}))
+    return str(rendered.one("ConfigMap", "hookline-worker-template")["data"]["template.yaml"])
+
+
+@pytest.fixture
+def template_file(tmp_path: Path) -> Path:
+    path = tmp_path / "worker-template" / "template.yaml"
+    path.parent.mkdir()
+    path.write_text(chart_template(WORKER_VALUES))
+    return path
+
+
+@pytest.fixture
+def operator(apiserver: ApiServer, namespace: str, database_url: str, log_dir: Path,
+             template_file: Path) -> Iterator[ServiceProcess]:
+    proc = start_operator(apiserver, [namespace], database_url, log_dir,
+                          env={"HOOKLINE_WORKER_TEMPLATE": str(template_file)})
+    yield proc
+    proc.stop()
+
+
+def pod_of(apiserver: ApiServer, namespace: str, provider: str) -> dict[str, Any]:
+    deployment = eventually(lambda: kget(apiserver, namespace, "deployment", f"{provider}-worker"),
+                            what=f"{provider}-worker")
+    pod: dict[str, Any] = deployment["spec"]["template"]
+    return pod
+
+
+async def test_chart_values_reach_the_worker_deployment(apiserver: ApiServer, namespace: str, operator: ServiceProcess,
+                                                        template_file: Path) -> None:
+    apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER.format(name="plain", overrides=""))
+    pod = pod_of(apiserver, namespace, "plain")
+    spec = pod["spec"]
+    container = next(c for c in spec["containers"] if c["name"] == "worker")
+    assert container["image"] == WORKER_VALUES["image"]
+    assert container["imagePullPolicy"] == "Always"
+    assert container["resources"] == WORKER_VALUES["resources"]
+    assert container["securityContext"] == WORKER_VALUES["containerSecurityContext"]
+    assert container["envFrom"] == WORKER_VALUES["extraEnvFrom"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["TEAM_SETTING"]["value"] == "on"
+    # The operator's part: the provider's own database credential, the command, probes.
+    assert env["HOOKLINE_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "plain-hookline-database",
+                                                                         "key": "url"}
+    assert container["args"][:3] == ["worker", "--provider", "plain"]
+    assert container["args"][-2:] == ["--concurrency", "7"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert spec["securityContext"]["runAsUser"] == 20001
+    assert spec["automountServiceAccountToken"] is False
+    for key in ("imagePullSecrets", "serviceAccountName", "priorityClassName", "nodeSelector", "tolerations",
+                "affinity"):
+        assert spec[key] == WORKER_VALUES[key], key
+    assert pod["metadata"]["annotations"]["example.com/owner"] == "platform"
+    assert pod["metadata"]["labels"]["cost-center"] == "webhooks"
+    assert pod["metadata"]["labels"]["hookline.io/provider"] == "plain"
+
+    # A provider overrides what its team may: resources, placement, priority; nothing else.
+    apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER.format(name="big", overrides=OVERRIDES))
+    big = pod_of(apiserver, namespace, "big")["spec"]
+    big_container = next(c for c in big["containers"] if c["name"] == "worker")
+    assert big_container["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                          "limits": {"cpu": "4", "memory": "2Gi"}}
+    assert big["nodeSelector"] == {"pool": "big"}
+    assert big["tolerations"] == [{"key": "big", "operator": "Exists", "effect": "NoSchedule"}]
+    assert big["priorityClassName"] == "payments-critical"
+    assert big["affinity"] == WORKER_VALUES["affinity"] and big_container["image"] == WORKER_VALUES["image"]
+
+    # helm upgrade with a new value: the mounted file changes and every worker Deployment follows.
+    template_file.write_text(chart_template({**WORKER_VALUES, "nodeSelector": {"pool": "workers-v2"}}))
+    eventually(lambda: pod_of(apiserver, namespace, "plain")["spec"]["nodeSelector"] == {"pool": "workers-v2"},
+               what="the new template on the existing Deployment")
+    assert pod_of(apiserver, namespace, "big")["spec"]["nodeSelector"] == {"pool": "big"}  # its override stays
+
+
+async def test_a_broken_template_is_reported_not_applied(apiserver: ApiServer, namespace: str,
+                                                         operator: ServiceProcess, template_file: Path) -> None:
+    apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER.format(name="keep", overrides=""))
+    before = pod_of(apiserver, namespace, "keep")
+    template_file.write_text("concurrency: 4\npod: {spec: {containers: [{name: sidecar}]}}\n")
+    whp = eventually(lambda: (o := kget(apiserver, namespace, "whp", "keep"))
+                     and condition(o, "Ready").get("reason") == "InvalidWorkerTemplate" and o,
+                     what="InvalidWorkerTemplate")
+    assert "container named 'worker'" in condition(whp, "Ready")["message"]
+    assert pod_of(apiserver, namespace, "keep") == before
