@@ -3,21 +3,38 @@
 We drive the wheel's binaries (initdb, pg_ctl) ourselves rather than its
 ``get_server`` helper because Hookline needs a TCP port (other processes and
 pgbench connect to it) and needs to stop and restart the server on demand
-(tests of "Postgres went away"). Postgres refuses to run as root, so as root
-the server runs as an unprivileged system user, as the wheel itself does.
+(tests of "Postgres went away").
+
+The server trusts nobody: it listens on 127.0.0.1 only, and the ``postgres`` role
+has a generated password (SCRAM) kept in ``<data dir>/postgres.password`` (mode
+0600); :attr:`EmbeddedPostgres.url` carries it. Nothing outside the data directory
+has its permissions changed. Postgres refuses to run as root, so as root the server
+runs as an unprivileged system user; when that user cannot reach the data directory
+(a parent is private to root), the cluster lives in a directory of its own under the
+system temp directory instead, linked from ``<data dir>/pgdata``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import pwd
+import secrets
 import shutil
 import socket
+import stat
 import subprocess
+import tempfile
 from pathlib import Path
+from typing import Any
 
 SYSTEM_USER = "hookline_pg"
+PASSWORD_FILE = "postgres.password"
+# As root, a cluster whose data dir the system user cannot reach lives in <tmp>/hookline-pg-*,
+# which names its data dir in HOME_OWNER_FILE (so that orphans can be told apart and removed).
+HOME_PREFIX = "hookline-pg-"
+HOME_OWNER_FILE = "data-dir"
 
 
 def free_port() -> int:
@@ -47,12 +64,32 @@ def _ensure_user(name: str) -> None:
         subprocess.run(["useradd", "--system", "--no-create-home", name], check=True, capture_output=True)
 
 
-def _open_path_to(path: Path) -> None:
-    """Let other users traverse every parent of ``path`` (needed when root runs Postgres as another user)."""
-    for parent in [path, *path.parents]:
-        mode = parent.stat().st_mode
-        if mode & 0o055 != 0o055:
-            parent.chmod(mode | 0o055)
+def _reachable_by(path: Path, user: str) -> bool:
+    """Whether ``user`` may traverse every directory above ``path`` (without changing any of them)."""
+    entry = pwd.getpwnam(user)
+    for parent in path.parents:
+        st = parent.stat()
+        if st.st_uid == entry.pw_uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid == entry.pw_gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            return False
+    return True
+
+
+def _remove_orphaned_homes() -> None:
+    """Relocated clusters whose data dir is gone (a finished test session's, say)."""
+    for home in Path(tempfile.gettempdir()).glob(f"{HOME_PREFIX}*"):
+        owner_file = home / HOME_OWNER_FILE
+        try:
+            owner = Path(owner_file.read_text())
+        except OSError:
+            continue
+        if not owner.exists() and not (home / "pgdata" / "postmaster.pid").exists():
+            shutil.rmtree(home, ignore_errors=True)
 
 
 class EmbeddedPostgres:
@@ -60,31 +97,75 @@ class EmbeddedPostgres:
 
     def __init__(self, data_dir: Path | str, port: int | None = None) -> None:
         self.data_dir = Path(data_dir).resolve()
-        self.pgdata = self.data_dir / "pgdata"
         self.port = port or free_port()
         self._run_as = SYSTEM_USER if os.geteuid() == 0 else None
+        # Where pgdata and postgres.log live: the data dir, or a relocated home it links to.
+        link = self.data_dir / "pgdata"
+        self._home = Path(os.readlink(link)).parent if link.is_symlink() else self.data_dir
+        self._password: str | None = None
+
+    @property
+    def pgdata(self) -> Path:
+        return self._home / "pgdata"
+
+    @property
+    def password(self) -> str:
+        if self._password is None:
+            self._password = (self.data_dir / PASSWORD_FILE).read_text().strip()
+        return self._password
 
     @property
     def url(self) -> str:
         return self.url_for("postgres")
 
     def url_for(self, database: str) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+        return f"postgresql://postgres:{self.password}@127.0.0.1:{self.port}/{database}"
 
-    def _prepare_root(self) -> None:
+    def _choose_home(self) -> None:
+        """As root: a place the system user can reach without opening up anyone's directories."""
+        if self._run_as is None:
+            return
         _ensure_user(SYSTEM_USER)
-        _open_path_to(self.data_dir.parent)
-        for folder, _dirs, files in os.walk(install_dir()):
-            _open_path_to(Path(folder))
-            for f in files:
-                p = Path(folder) / f
-                p.chmod(p.stat().st_mode | 0o044 | (0o011 if p.stat().st_mode & 0o100 else 0))
-        shutil.chown(self.data_dir, SYSTEM_USER, SYSTEM_USER)
+        if self._home != self.data_dir:  # relocated on an earlier start
+            return
+        if _reachable_by(self.data_dir, SYSTEM_USER):
+            shutil.chown(self.data_dir, SYSTEM_USER, SYSTEM_USER)  # the data dir itself is ours to give
+            return
+        _remove_orphaned_homes()
+        digest = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:16]
+        self._home = Path(tempfile.gettempdir()) / f"{HOME_PREFIX}{digest}"
+        if self._home.exists():  # left by an earlier data dir of the same path, which is gone
+            if (self._home / "pgdata" / "postmaster.pid").exists():
+                raise RuntimeError(f"{self._home} holds a running server of an earlier {self.data_dir}; stop it")
+            shutil.rmtree(self._home)
+        self._home.mkdir(mode=0o700)
+        (self._home / HOME_OWNER_FILE).write_text(str(self.data_dir))
+        shutil.chown(self._home, SYSTEM_USER, SYSTEM_USER)
+        if not _reachable_by(self._home / "pgdata", SYSTEM_USER):
+            raise RuntimeError(f"user {SYSTEM_USER} can reach neither {self.data_dir} nor {self._home}: "
+                               "run as a non-root user, or choose a --data-dir whose parents others may traverse")
+        link = self.data_dir / "pgdata"
+        if not link.exists() and not link.is_symlink():
+            link.symlink_to(self.pgdata, target_is_directory=True)
 
-    def _run(self, *args: str) -> None:
+    def _identity(self) -> dict[str, Any]:
+        """subprocess arguments that drop root: the system user's uid and gid, and none of root's groups."""
+        if self._run_as is None:
+            return {}
+        return {"user": self._run_as, "group": self._run_as, "extra_groups": []}
+
+    def _check_binaries(self) -> None:
+        result = subprocess.run([str(binary("postgres")), "--version"], capture_output=True, text=True, check=False,
+                                **self._identity())
+        if result.returncode != 0:
+            raise RuntimeError(f"user {self._run_as} cannot run the Postgres binaries in {install_dir()} "
+                               f"({result.stderr.strip()}); make them readable and executable for that user")
+
+    def _run(self, *args: str, stdin: str | None = None) -> None:
         result = subprocess.run(
             [str(binary(args[0])), *args[1:]],
-            user=self._run_as,
+            **self._identity(),
+            input=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -93,7 +174,7 @@ class EmbeddedPostgres:
         )
         if result.returncode != 0:
             log_tail = ""
-            logfile = self.data_dir / "postgres.log"
+            logfile = self._home / "postgres.log"
             if logfile.exists():
                 log_tail = "\n".join(logfile.read_text(errors="replace").splitlines()[-20:])
             raise RuntimeError(f"{args[0]} failed ({result.returncode}):\n{result.stdout}\n{log_tail}")
@@ -101,20 +182,57 @@ class EmbeddedPostgres:
     def initialized(self) -> bool:
         return (self.pgdata / "PG_VERSION").exists()
 
+    def _save_password(self, password: str) -> None:
+        path = self.data_dir / PASSWORD_FILE
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(password + "\n")
+        self._password = password
+
+    def _initdb(self) -> None:
+        password = secrets.token_hex(24)
+        self._save_password(password)
+        # initdb reads the password from a file the server's user can read; it is gone right after.
+        pwfile = self._home / ".initdb-password"
+        pwfile.touch(mode=0o600)
+        pwfile.write_text(password + "\n")
+        if self._run_as:
+            shutil.chown(pwfile, self._run_as, self._run_as)
+        try:
+            self._run("initdb", "-D", str(self.pgdata), "-U", "postgres", "--auth=scram-sha-256",
+                      f"--pwfile={pwfile}", "--encoding=UTF8", "--no-sync")
+        finally:
+            pwfile.unlink(missing_ok=True)
+
+    def _secure_trusting_cluster(self) -> None:
+        """A data dir made by an older Hookline trusted every local user: give the role a password
+        and require it from now on."""
+        password = secrets.token_hex(24)
+        self._run("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(self.port),
+                  "-U", "postgres", "-d", "postgres", "-f", "-",
+                  stdin=f"ALTER ROLE postgres PASSWORD '{password}';\n")
+        hba = self.pgdata / "pg_hba.conf"
+        lines = [line.replace("trust", "scram-sha-256") if not line.lstrip().startswith("#") else line
+                 for line in hba.read_text().splitlines()]
+        hba.write_text("\n".join(lines) + "\n")
+        self._run("pg_ctl", "-D", str(self.pgdata), "reload")
+        self._save_password(password)
+
     def start(self) -> str:
         """Start the server (initializing it on first use); return its URL."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if self._run_as:
-            self._prepare_root()
+        self._choose_home()
+        self._check_binaries()
         if not self.initialized():
-            self._run("initdb", "-D", str(self.pgdata), "-U", "postgres", "--auth=trust", "--encoding=UTF8",
-                      "--no-sync")
+            self._initdb()
         options = (
             f"-c listen_addresses=127.0.0.1 -p {self.port} -c unix_socket_directories='' "
             "-c max_connections=200 -c shared_buffers=128MB -c fsync=on"
         )
-        self._run("pg_ctl", "-D", str(self.pgdata), "-l", str(self.data_dir / "postgres.log"),
+        self._run("pg_ctl", "-D", str(self.pgdata), "-l", str(self._home / "postgres.log"),
                   "-o", options, "-w", "-t", "60", "start")
+        if not (self.data_dir / PASSWORD_FILE).exists():
+            self._secure_trusting_cluster()
         return self.url
 
     def running(self) -> bool:
