@@ -366,7 +366,11 @@ leaseSeconds: 2
     w2 = worker(database_url, log_dir, "--sweep")
     try:
         await wait_for(effects, "SELECT count(*) FROM test_calls", 1, timeout=10)
-        await asyncio.sleep(5)  # 2.5 lease lengths: without heartbeats the sweeper would take it back
+        first_expiry = await effects.fetchval("SELECT lease_expires_at FROM hookline.inbox")
+        # Extended until 2.5 lease lengths past the first expiry: without heartbeats the sweepers
+        # (both workers run one) would have taken it back long before.
+        await wait_for(effects, "SELECT lease_expires_at > $1::timestamptz + make_interval(secs => 5) "
+                                "FROM hookline.inbox", True, first_expiry, timeout=20)
         row = await effects.fetchrow("SELECT status, attempts FROM hookline.inbox")
         assert (row["status"], row["attempts"]) == ("processing", 1)
         gate.unlink()
@@ -401,9 +405,7 @@ async def test_worker_metrics(database_url, effects, log_dir) -> None:
     w: ServiceProcess = worker(database_url, log_dir)
     try:
         await wait_for(effects, ALL_DONE, 0, timeout=30)
-        await asyncio.sleep(5.5)  # one stats refresh
-        async with aiohttp.ClientSession() as http, http.get(f"{w.url}/metrics") as r:
-            text = await r.text()
+        text = await _metrics_once(w.url, 'hookline_inbox_backlog{provider="m"} 0.0')  # a stats refresh since
     finally:
         w.stop()
     assert 'hookline_worker_events_total{provider="m",result="done"} 10.0' in text
@@ -412,3 +414,14 @@ async def test_worker_metrics(database_url, effects, log_dir) -> None:
     assert "hookline_worker_handler_seconds_bucket" in text
 
 
+async def _metrics_once(url: str, line: str, timeout: float = 30.0) -> str:
+    """The /metrics text, as soon as it contains ``line``."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        while True:
+            async with http.get(f"{url}/metrics") as r:
+                text = await r.text()
+            if line in text:
+                return text
+            assert time.monotonic() < deadline, f"{line!r} not in /metrics after {timeout}s"
+            await asyncio.sleep(0.2)
