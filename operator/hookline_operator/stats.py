@@ -51,6 +51,7 @@ class StatsCache:
 
 async def refresh(pool: asyncpg.Pool, cache: StatsCache) -> None:
     """Read every provider's statistics once; on failure keep the error (the snapshot goes stale)."""
+    metrics.operator_stats_queries.inc()
     try:
         providers = await provider_stats(pool)
     except DATABASE_ERRORS as exc:

@@ -1,0 +1,163 @@
+"""Many teams, one install: two namespaces apply a WebhookProvider of the same name.
+
+Real kube-apiserver, real kubectl, real Postgres, the real operator process watching
+both namespaces. The first resource to claim the public name owns it; the other is
+told who does (NameConflict), is never synced, runs no workers, cannot replay, rotate
+or see the owner's numbers, and takes the name over once the owner is deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from apiserver import ApiServer
+
+from support.cluster import apply, get, new_namespace
+from support.inbox import insert_events
+from support.kube import eventually
+from support.operator import condition, start_operator
+from support.operator import event_lines as events
+from support.processes import ServiceProcess
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+NAME = "shop"
+
+
+def provider(url: str) -> str:
+    return f"""
+apiVersion: hookline.io/v1alpha1
+kind: WebhookProvider
+metadata: {{name: {NAME}}}
+spec:
+  signature: {{scheme: standard-webhooks}}
+  destination: {{url: "{url}"}}
+  retry: {{maxAttempts: 3, initialDelaySeconds: 1, maxDelaySeconds: 2}}
+  workers: {{minReplicas: 0, maxReplicas: 5, scaleDownStabilizationSeconds: 3}}
+"""
+
+
+def url_of(namespace: str) -> str:
+    return f"http://payments.{namespace}.svc/webhooks"
+
+
+@pytest.fixture
+def teams(apiserver: ApiServer) -> tuple[str, str]:
+    return new_namespace(apiserver), new_namespace(apiserver)
+
+
+@pytest.fixture
+def operator(apiserver: ApiServer, teams: tuple[str, str], database_url: str, log_dir: Path
+             ) -> Iterator[ServiceProcess]:
+    proc = start_operator(apiserver, list(teams), database_url, log_dir)
+    yield proc
+    proc.stop()
+
+
+def whp(apiserver: ApiServer, namespace: str) -> dict[str, Any]:
+    return get(apiserver, namespace, "whp", NAME)
+
+
+def ready(apiserver: ApiServer, namespace: str, reason: str) -> dict[str, Any]:
+    return eventually(lambda: (o := whp(apiserver, namespace)) and condition(o, "Ready").get("reason") == reason
+                      and o, what=f"Ready reason {reason} in {namespace}")
+
+
+async def owner(pool: asyncpg.Pool) -> tuple[str | None, str | None]:
+    row = await pool.fetchrow("SELECT owner_namespace, spec FROM hookline.providers WHERE name = $1", NAME)
+    return (row["owner_namespace"], row["spec"]["destination"]["url"]) if row else (None, None)
+
+
+def delete(apiserver: ApiServer, namespace: str) -> None:
+    apiserver.kubectl("delete", "whp", NAME, "-n", namespace, "--wait=true", "--timeout=30s")
+    # envtest runs no garbage collector: remove what the resource owned, as a cluster would.
+    apiserver.kubectl("delete", "secret,deployment", "-n", namespace, "-l", f"hookline.io/provider={NAME}")
+
+
+def deployments(apiserver: ApiServer, namespace: str) -> list[str]:
+    return [d["metadata"]["name"] for d in get(apiserver, namespace, "deployments")["items"]]
+
+
+@pytest.mark.parametrize("order", ["a-first", "b-first"])
+async def test_the_first_namespace_owns_the_name_until_it_is_deleted(apiserver, teams, operator, pool,
+                                                                     order) -> None:
+    first, second = teams if order == "a-first" else teams[::-1]
+    apply(apiserver, first, provider(url_of(first)))
+    ready(apiserver, first, "Reconciled")
+    apply(apiserver, second, provider(url_of(second)))
+    loser = ready(apiserver, second, "NameConflict")
+    message = condition(loser, "Ready")["message"]
+    assert f"WebhookProvider {first}/{NAME}" in message and f"/webhooks/{NAME}" in message
+    assert condition(loser, "Synced")["reason"] == "NameConflict"
+    assert any(e.startswith("Warning NameConflict: ") and first in e for e in events(apiserver, second))
+    # Never synced, no workers, none of the owner's numbers.
+    assert await owner(pool) == (first, url_of(first))
+    await insert_events(pool, NAME, 3)
+    eventually(lambda: whp(apiserver, first)["status"].get("backlog") == 3, what="the owner's backlog")
+    assert "backlog" not in whp(apiserver, second)["status"]
+    assert f"{NAME}-worker" not in deployments(apiserver, second)
+
+    # Deleting the claimant changes nothing for the owner.
+    delete(apiserver, second)
+    assert await owner(pool) == (first, url_of(first))
+    assert condition(whp(apiserver, first), "Ready")["status"] == "True"
+
+    # Once the owner is deleted, the other namespace takes the name over on its own.
+    apply(apiserver, second, provider(url_of(second)))
+    ready(apiserver, second, "NameConflict")
+    delete(apiserver, first)
+    taken = ready(apiserver, second, "Reconciled")
+    assert await owner(pool) == (second, url_of(second))
+    assert taken["status"]["backlog"] == 3  # the events stay with the name
+    eventually(lambda: f"{NAME}-worker" in deployments(apiserver, second), what="the new owner's workers")
+
+
+async def test_replay_and_rotation_in_one_namespace_never_touch_the_other(apiserver, teams, operator,
+                                                                          pool) -> None:
+    owner_ns, other_ns = teams
+    apply(apiserver, owner_ns, provider(url_of(owner_ns)))
+    ready(apiserver, owner_ns, "Reconciled")
+    apply(apiserver, other_ns, provider(url_of(other_ns)))
+    ready(apiserver, other_ns, "NameConflict")
+    await insert_events(pool, NAME, 4)
+    await pool.execute("UPDATE hookline.inbox SET status = 'dead', attempts = 3")
+    owner_secret = get(apiserver, owner_ns, "secret", f"{NAME}-webhook-secret")
+
+    apiserver.kubectl("annotate", "whp", NAME, "-n", other_ns, "hookline.io/replay-dlq=t1", "--overwrite")
+    apiserver.kubectl("annotate", "whp", NAME, "-n", other_ns, "hookline.io/rotate-secret=r1", "--overwrite")
+    status = eventually(lambda: (s := whp(apiserver, other_ns)["status"]) and "replay" in s and "rotation" in s
+                        and s, what="both requests acknowledged")
+    assert (status["replay"]["lastHandledToken"], status["replay"]["requeued"]) == ("t1", 0)
+    assert (status["rotation"]["lastHandledToken"], status["rotation"]["result"]) == ("r1", "Refused")
+    seen = events(apiserver, other_ns)
+    assert any(e.startswith("Warning ReplayRefused") for e in seen), seen
+    assert any(e.startswith("Warning RotationRefused") for e in seen), seen
+    assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'dead'") == 4
+    after = get(apiserver, owner_ns, "secret", f"{NAME}-webhook-secret")
+    assert after["data"] == owner_secret["data"]
+    assert after["metadata"]["resourceVersion"] == owner_secret["metadata"]["resourceVersion"]
+
+    # The owner's own requests work, in its namespace only.
+    apiserver.kubectl("annotate", "whp", NAME, "-n", owner_ns, "hookline.io/replay-dlq=t1", "--overwrite")
+    replayed = eventually(lambda: whp(apiserver, owner_ns)["status"].get("replay"), what="owner's replay")
+    assert replayed["requeued"] == 4
+    assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'pending'") == 4
+    apiserver.kubectl("annotate", "whp", NAME, "-n", owner_ns, "hookline.io/rotate-secret=r1", "--overwrite")
+    eventually(lambda: get(apiserver, owner_ns, "secret", f"{NAME}-webhook-secret")["data"]["secret"]
+               != owner_secret["data"]["secret"], what="the owner's secret rotated")
+    new_value = base64.b64decode(get(apiserver, owner_ns, "secret", f"{NAME}-webhook-secret")["data"]["secret"])
+    deadline = asyncio.get_running_loop().time() + 30
+    while new_value.decode() not in [s["value"] for s in await pool.fetchval(
+            "SELECT secrets FROM hookline.providers WHERE name = $1", NAME)]:
+        assert asyncio.get_running_loop().time() < deadline, "the rotated secret never reached the provider row"
+        await asyncio.sleep(0.25)
+    # The other namespace has no Secret of the owner's, and its own is its own.
+    other_secret = get(apiserver, other_ns, "secret", f"{NAME}-webhook-secret")
+    assert other_secret["data"]["secret"] != owner_secret["data"]["secret"]
+    assert other_secret["metadata"]["ownerReferences"][0]["uid"] == whp(apiserver, other_ns)["metadata"]["uid"]
