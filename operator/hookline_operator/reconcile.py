@@ -239,15 +239,15 @@ async def ensure_workers(kube: Kube, body: kopf.Body, res: Resource, spec: dict[
     return WorkersState(True, "WorkersReady", f"Deployment {name} is managed by the operator")
 
 
-async def ensure_access(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Resource, sync: SyncState
-                        ) -> WorkersState | None:
+async def ensure_access(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Resource, spec: dict[str, Any],
+                        sync: SyncState) -> WorkersState | None:
     """The workers' own database credential and the destination signing secret, as Secrets this
     resource owns (tenancy.py); a WorkersState when something stands in the way, else None."""
     if sync.claim is None or not sync.claim.owned:
         return None
     outcomes = [await tenancy.ensure_worker_credentials(kube, pool, body, res.namespace, res.name, res.uid,
                                                         database_url()),
-                await tenancy.ensure_destination_secret(kube, pool, body, res.namespace, res.name, res.uid)]
+                await tenancy.ensure_destination_secret(kube, pool, body, res.namespace, res.name, res.uid, spec)]
     for outcome in outcomes:
         if outcome is None:
             continue
@@ -263,7 +263,8 @@ async def converge(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Resourc
     secret = await ensure_secret(kube, body, res, spec)
     sync = await claim_and_sync(pool, kube, res, spec, secret)
     try:
-        workers = await ensure_access(pool, kube, body, res, sync) or await ensure_workers(kube, body, res, spec, sync)
+        workers = (await ensure_access(pool, kube, body, res, spec, sync)
+                   or await ensure_workers(kube, body, res, spec, sync))
     except TemplateError as exc:
         workers = WorkersState(False, "InvalidWorkerTemplate", str(exc))
     return Observation(secret, sync, workers)

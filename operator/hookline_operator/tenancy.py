@@ -192,11 +192,14 @@ def handler_refusal(namespace: str, spec: Mapping[str, Any],
 
 
 async def ensure_destination_secret(kube: SecretApi, conn: asyncpg.Connection | asyncpg.Pool, owner: Any,
-                                    namespace: str, provider: str, uid: str) -> Outcome | None:
+                                    namespace: str, provider: str, uid: str, spec: Mapping[str, Any]
+                                    ) -> Outcome | None:
     """Mirror the provider's destination signing secret into a Secret this resource owns.
 
     None when there is nothing to mirror (a handler provider, or the row is not this resource's).
     """
+    if not spec.get("destination"):
+        return None
     value = await conn.fetchval(db.query("destination_secret", "tenancy.sql"), provider, uid)
     if not value:
         return None
