@@ -31,8 +31,9 @@ from support.processes import ServiceProcess, hookline_cli, receiver
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-# Short deadlines so that stalled clients are closed quickly in these tests.
-HEADER_TIMEOUT, BODY_TIMEOUT = "1", "2"
+# Short deadlines so that stalled clients are closed quickly in these tests; a keep-alive timeout
+# far beyond any wait here, so that a closed connection proves the header or body deadline.
+HEADER_TIMEOUT, BODY_TIMEOUT, KEEPALIVE_TIMEOUT = "1", "2", "600"
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ async def module_db(pg_server: PgServer) -> AsyncIterator[str]:
 @pytest.fixture(scope="module")
 def service(module_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     proc = receiver(module_db, tmp_path_factory.mktemp("receiver-logs"), "--header-timeout", HEADER_TIMEOUT,
-                    "--body-timeout", BODY_TIMEOUT, "--keepalive-timeout", "5")
+                    "--body-timeout", BODY_TIMEOUT, "--keepalive-timeout", KEEPALIVE_TIMEOUT)
     yield proc
     proc.stop()
 
@@ -330,7 +331,7 @@ async def _stall(port: int, head: bytes, trickle: bytes) -> bool:
             except ConnectionError:
                 break
             await asyncio.wait({closed}, timeout=0.2)
-        answer = await asyncio.wait_for(closed, 120)  # EOF (b"" or a final answer) means closed
+        answer = await asyncio.wait_for(closed, 300)  # EOF (b"" or a final answer) means closed
         return answer == b"" or answer.startswith(b"HTTP/1.1 408")
     except ConnectionError:
         return True
@@ -342,15 +343,32 @@ async def test_stalled_clients_are_closed_while_good_events_flow(service: Servic
                                                                  conn: asyncpg.Connection) -> None:
     slow_headers = b"POST /webhooks/open HTTP/1.1\r\nHost: x\r\nX-Slow: "
     slow_body = b"POST /webhooks/open HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{"
-    idle = b""
     with GoodTraffic(service.url) as good:
+        # Header and body bytes keep trickling (for ~30 minutes): only the deadlines can close these.
         stalled = [_stall(service.port, slow_headers, b"a" * 10_000) for _ in range(40)]
         stalled += [_stall(service.port, slow_body, b" " * 10_000) for _ in range(40)]
-        stalled += [_stall(service.port, slow_headers, b"") for _ in range(10)]
-        stalled += [_stall(service.port, idle, b"") for _ in range(10)]  # closed by the keep-alive timeout
+        stalled += [_stall(service.port, slow_headers, b"") for _ in range(10)]  # half the headers, then nothing
+        stalled += [_stall(service.port, slow_body, b"") for _ in range(10)]  # headers, then no more body
         closed = await asyncio.gather(*stalled)
         await good.finish(conn)
     assert all(closed)
+
+
+async def test_idle_connections_are_closed_after_the_keepalive_timeout(database_url: str, log_dir: Path) -> None:
+    proc = receiver(database_url, log_dir, "--keepalive-timeout", "1")
+    try:
+        async def used_then_idle() -> bool:
+            reader, writer = await asyncio.open_connection("127.0.0.1", proc.port)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive by default in HTTP/1.1
+            answer = await asyncio.wait_for(reader.read(), 300)  # everything until the server closes
+            writer.close()
+            return answer.startswith(b"HTTP/1.1 200")
+
+        never_used = [_stall(proc.port, b"", b"") for _ in range(10)]
+        results = await asyncio.gather(*never_used, *(used_then_idle() for _ in range(10)))
+        assert all(results)
+    finally:
+        proc.stop()
 
 
 async def test_buffer_cap_answers_503_with_retry_after(database_url: str, log_dir: Path) -> None:
