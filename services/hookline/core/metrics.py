@@ -53,13 +53,6 @@ operator_stats_queries = Counter(
     "hookline_operator_stats_queries_total",
     "Inbox statistics queries the operator ran: one per tick for all providers together.",
 )
-inbox_retrying = Gauge(
-    "hookline_inbox_retrying", "Pending inbox events backing off after a failed attempt (not due yet).", ["provider"]
-)
-inbox_deferred = Gauge(
-    "hookline_inbox_deferred", "Pending inbox events deferred until their entity's predecessor applies.", ["provider"]
-)
-inbox_in_flight = Gauge("hookline_inbox_in_flight", "Inbox events leased by a worker right now.", ["provider"])
 leases_swept = Counter(
     "hookline_leases_swept_total", "Expired leases returned to pending or dead by the sweeper.",
     ["queue", "partition", "result"],
