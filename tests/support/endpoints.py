@@ -1,8 +1,8 @@
 """A real HTTP endpoint on localhost that receives outbox deliveries, for relay tests.
 
-Every request is verified with the official ``standardwebhooks`` library and, when it
-is installed, with ``svix``'s verifier: the relay's signatures are checked by code we
-did not write. ``behaviour`` decides each answer, so tests can script failures.
+Every request is verified with the official ``standardwebhooks`` library and with
+``svix``'s verifier: the relay's signatures are checked by code we did not write.
+``behaviour`` decides each answer, so tests can script failures.
 """
 
 from __future__ import annotations
@@ -16,13 +16,9 @@ from typing import Any
 
 import standardwebhooks
 from aiohttp import web
+from svix.webhooks import Webhook as SvixWebhook
 
 from hookline.core.embedded import free_port
-
-try:
-    from svix.webhooks import Webhook as SvixWebhook
-except ImportError:  # optional: the standardwebhooks check always runs
-    SvixWebhook = None
 
 
 @dataclass
@@ -71,8 +67,7 @@ class TestEndpoint:
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
             standardwebhooks.Webhook(self.secret).verify(raw, headers)
-            if SvixWebhook is not None:
-                SvixWebhook(self.secret).verify(raw, headers)
+            SvixWebhook(self.secret).verify(raw, headers)
         except Exception as exc:
             self.invalid.append(f"{type(exc).__name__}: {exc}")
             return web.json_response({"error": "invalid signature"}, status=401)

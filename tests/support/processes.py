@@ -89,6 +89,12 @@ def receiver(database_url: str, log_dir: Path, *extra: str) -> ServiceProcess:
                           database_url, log_dir, port=port).start("/readyz")
 
 
+def relay(database_url: str, log_dir: Path, *extra: str, env: dict[str, str] | None = None) -> ServiceProcess:
+    port = free_port()
+    return ServiceProcess(["relay", "--host", "127.0.0.1", "--port", str(port), "--poll-interval", "0.2", *extra],
+                          database_url, log_dir, port=port, env=env).start("/readyz")
+
+
 def hookline_cli(database_url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run a one-shot ``hookline`` command and return its result (never raises on failure)."""
     env = {**os.environ, "HOOKLINE_DATABASE_URL": database_url, "HOOKLINE_LOG_FORMAT": "text",

@@ -175,14 +175,14 @@ def record(c: Circuit, settings: BreakerSettings, now: datetime, outcomes: Outco
             return _opened(c, settings, now)
         return c
     if c.state is CircuitState.HALF_OPEN and (outcomes.probe_successes or outcomes.probe_failures):
-        ok = c.probe_successes + outcomes.probe_successes
-        bad = c.probe_failures + outcomes.probe_failures
-        if bad and bad >= settings.failure_rate * (ok + bad):
+        c = dataclasses.replace(c, probe_successes=c.probe_successes + outcomes.probe_successes,
+                                probe_failures=c.probe_failures + outcomes.probe_failures)
+        if c.probe_failures and c.probe_failures >= settings.failure_rate * (c.probe_successes + c.probe_failures):
             return _opened(c, settings, now)
-        if ok >= settings.close_after:
+        if c.probe_successes >= settings.close_after:
             return dataclasses.replace(_fresh_window(c, now), state=CircuitState.CLOSED, changed_at=now,
                                        probe_not_before=None)
-        return dataclasses.replace(c, probe_successes=ok, probe_failures=bad, probe_not_before=None)
+        return dataclasses.replace(c, probe_not_before=None)  # the next probe may go at once
     # Open, or attempts claimed before the circuit opened: they say nothing about recovery.
     return c
 
