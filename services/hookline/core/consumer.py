@@ -30,7 +30,7 @@ import functools
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import asyncpg
@@ -132,6 +132,7 @@ class LeasedConsumer(ABC):
         entry = self.in_flight.pop(id, None) or self.completing.pop(id, None)
         if id == self.suspect:
             self.suspect = None
+            self._suspect_waiting = True  # nothing is in flight: the next suspect, if any, goes now
         self._slot_free.set()
         self.on_finished(id, entry[2] if entry else "", task)
 
@@ -281,6 +282,30 @@ class LeasedConsumer(ABC):
                         # The effect happened; the guarded completion will find the row taken and report it.
                         log.warning("lease lost after the effect, before its completion was written",
                                     extra={"queue": self.queue.table, "id": id})
+
+
+async def write_completion(write: Callable[[], Awaitable[bool]], lease_seconds: float,
+                           context: dict[str, object]) -> bool | None:
+    """Write the completion of an effect that has happened: True once written, False when the
+    lease had been lost (the guarded write matched nothing). A write that raises is retried for
+    one lease length from the first failure, while the heartbeat keeps the lease; then None: the
+    outcome is unknown, the row is left as it is, its lease expires and the next attempt's
+    guarded completion decides. Never a retry or a dead letter: the effect succeeded."""
+    give_up_at: float | None = None
+    pause = 0.05
+    while True:
+        try:
+            return await write()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            give_up_at = give_up_at or time.monotonic() + lease_seconds
+            if time.monotonic() + pause >= give_up_at:
+                log.error("effect done but its completion could not be written; the lease will expire and it "
+                          "runs again", extra={**context, "error": error})
+                return None
+            log.warning("completion write failed; retrying while the lease lasts", extra={**context, "error": error})
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 1.0)
 
 
 def _set(event: asyncio.Event, *_: object) -> None:

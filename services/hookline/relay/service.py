@@ -1,8 +1,10 @@
 """The relay: claims outbox deliveries and POSTs them, signed per Standard Webhooks.
 
 Loop: for each enabled endpoint in turn, claim up to the free concurrency with the
-shared queue claim (``core/queue.py``: one statement, SKIP LOCKED, leased, the
-attempt counted at claim), start a task per delivery, and when nothing is due
+queue claim (one statement, SKIP LOCKED, leased, the attempt counted at claim; due
+retries first: ``claim_deliveries`` in outbox.sql), start a task per delivery
+unless the endpoint's circuit breaker is open (``relay/breaker.py``: then only
+one probe goes at a time), and when nothing is due
 sleep until a publish's NOTIFY or the poll interval.
 
 Why nothing is skipped: the claim selects by *status* ('pending' rows that are
@@ -37,7 +39,7 @@ from aiohttp import web
 from hookline import outbox
 from hookline.core import delivery, http, metrics
 from hookline.core.batching import Batcher
-from hookline.core.consumer import LeasedConsumer
+from hookline.core.consumer import LeasedConsumer, write_completion
 from hookline.core.delivery import DeliveryErrorKind, DeliveryResult
 from hookline.core.maintenance import sweep_once
 from hookline.core.providers import active_secrets
@@ -243,8 +245,7 @@ class Relay(LeasedConsumer):
                 if not busy:
                     claimed += await self._probe(endpoint)
                 continue
-            rows = await OUTBOX.claim(self.pool, endpoint.name, limit, self.worker_id, self.lease_seconds,
-                                      ordered=endpoint.ordered)
+            rows = await self._claim(endpoint, limit)
             if rows:
                 await self._start_batch(endpoint, rows)
             claimed += len(rows)
@@ -264,15 +265,19 @@ class Relay(LeasedConsumer):
             self._probe_looked[name] = time.monotonic()
             return 0
         self._circuits_changed([taken])
-        row = await self.pool.fetchrow(outbox.query("claim_probe"), name, self.worker_id, float(self.lease_seconds),
-                                       endpoint.ordered)
-        if row is None:
+        rows = await self._claim(endpoint, 1)
+        if not rows:
             await breaker.release_probe(self.pool, name)
             self._probe_looked[name] = time.monotonic()
             return 0
-        self._probes[name] = row["id"]
-        await self._start_batch(self._endpoints.get(name, endpoint), [row], probe=True)
+        self._probes[name] = rows[0]["id"]
+        await self._start_batch(self._endpoints.get(name, endpoint), rows, probe=True)
         return 1
+
+    async def _claim(self, endpoint: Endpoint, limit: int) -> list[asyncpg.Record]:
+        """The queue claim, with due retries first (see claim_deliveries in outbox.sql for why)."""
+        return list(await self.pool.fetch(outbox.query("claim_deliveries"), endpoint.name, limit, self.worker_id,
+                                          float(self.lease_seconds), endpoint.ordered))
 
     async def _start_batch(self, endpoint: Endpoint, rows: list[asyncpg.Record], *, probe: bool = False) -> None:
         events = {r["id"]: r for r in await self.pool.fetch(
@@ -304,6 +309,7 @@ class Relay(LeasedConsumer):
     def on_finished(self, id: int, partition: str, task: asyncio.Task[Any]) -> None:
         if self._probes.get(partition) == id:
             del self._probes[partition]
+            self.wake()  # the next probe may be due at once (a success that did not close the circuit yet)
         endpoint = self._endpoints.get(partition)
         if endpoint is not None and endpoint.ordered:
             self.wake()  # a finished delivery may be what its aggregate's next event waits for
@@ -327,7 +333,9 @@ class Relay(LeasedConsumer):
         if result.status is not None:
             metrics.relay_latency.labels(endpoint.name).observe(result.latency)
         if outcome == "delivered":
-            await self.completer.complete(claimed, result)
+            # Retried while the lease lasts; never a retry or dead letter for a delivered event.
+            await write_completion(lambda: self.completer.complete(claimed, result), self.lease_seconds,
+                                   {"endpoint": endpoint.name, "event_id": claimed.event_id})
         elif outcome == "gone":
             await self._disable(claimed, result)
         else:

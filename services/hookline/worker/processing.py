@@ -32,7 +32,6 @@ Three paths, chosen by the provider:
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import inspect
 import logging
@@ -45,6 +44,7 @@ import aiohttp
 import asyncpg
 
 from hookline.core import db, delivery, metrics
+from hookline.core.consumer import write_completion
 from hookline.core.providers import Provider, Transition
 from hookline.core.queue import INBOX, truncate_error
 from hookline.core.signatures import sign_standard_webhooks
@@ -144,28 +144,11 @@ class Processor:
         return result
 
     async def _book_effect(self, event: Event, provider: Provider) -> Result:
-        """Write "done" for an effect that happened outside our database. Never books a retry or
-        a dead letter: the effect succeeded. A failed write is retried for up to one lease length
-        from the first failure (the heartbeat keeps the lease meanwhile); after that the outcome is
-        unknown and the row is left as it is, so its lease expires and the next attempt's guarded
-        completion decides."""
-        give_up_at: float | None = None
-        pause = 0.05
-        while True:
-            try:
-                return Result.DONE if await self._complete_later(event.id, event.attempts) else Result.LOST
-            except Exception as exc:
-                give_up_at = give_up_at or time.monotonic() + provider.lease_seconds
-                if time.monotonic() + pause >= give_up_at:
-                    log.error("effect done but its completion could not be written; the lease will expire and "
-                              "the event run again", extra={"provider": event.provider, "event_id": event.event_id,
-                                                            "error": f"{type(exc).__name__}: {exc}"[:300]})
-                    return Result.UNKNOWN
-                log.warning("completion write failed; retrying while the lease lasts",
-                            extra={"provider": event.provider, "event_id": event.event_id,
-                                   "error": f"{type(exc).__name__}: {exc}"[:300]})
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 1.0)
+        """Write "done" for an effect that happened outside our database (see ``write_completion``:
+        retried while the lease lasts, then unknown; never a retry or a dead letter)."""
+        booked = await write_completion(lambda: self._complete_later(event.id, event.attempts), provider.lease_seconds,
+                                        {"provider": event.provider, "event_id": event.event_id})
+        return Result.UNKNOWN if booked is None else Result.DONE if booked else Result.LOST
 
     async def _effect(self, event: Event, provider: Provider, conn: asyncpg.Connection | None) -> None:
         if provider.handler:
