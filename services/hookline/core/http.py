@@ -71,21 +71,33 @@ class _GuardedHandler(web.RequestHandler):
     """aiohttp's connection handler plus a deadline for request headers, and one quiet line
     (no traceback) for requests that are not valid HTTP: on the internet they are routine.
 
-    aiohttp bounds only idleness (keepalive_timeout); a client trickling header bytes would
-    hold the connection as long as it likes. The deadline starts with the first byte of a
-    request and ends when its headers are parsed; the body has its own (the handler's) deadline.
+    aiohttp bounds only idleness (keepalive_timeout, and before 3.14 not even for a connection
+    that never sends a byte); a client trickling header bytes would hold the connection as long
+    as it likes. The deadline starts with the first byte of a request and ends when its headers
+    are parsed; the body has its own (the handler's) deadline.
     """
 
     header_timeout: float = 10.0
     _header_timer: asyncio.TimerHandle | None = None
+    _fresh = True  # no byte received yet on this connection
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm(self.keepalive_timeout)  # a connection that never sends a request
 
     def data_received(self, data: bytes) -> None:
         parsed_before = self._request_count
         super().data_received(data)
         if self._request_count != parsed_before:
             self._stop_header_timer()
-        elif self._header_timer is None and not self._request_in_progress and self.transport is not None:
-            self._header_timer = asyncio.get_running_loop().call_later(self.header_timeout, self._headers_late)
+        elif (self._fresh or self._header_timer is None) and not self._request_in_progress:
+            self._arm(self.header_timeout)
+        self._fresh = False
+
+    def _arm(self, timeout: float) -> None:
+        self._stop_header_timer()
+        if self.transport is not None:
+            self._header_timer = asyncio.get_running_loop().call_later(timeout, self._headers_late)
 
     def _stop_header_timer(self) -> None:
         if self._header_timer is not None:
@@ -95,7 +107,7 @@ class _GuardedHandler(web.RequestHandler):
     def _headers_late(self) -> None:
         self._header_timer = None
         if not self._request_in_progress and not self._messages and self.transport is not None:
-            log.info("closing a connection whose request headers took longer than %g s", self.header_timeout)
+            log.info("closing a connection that sent no complete request headers in time")
             self.force_close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
