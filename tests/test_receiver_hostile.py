@@ -538,3 +538,13 @@ async def test_body_hash_is_sha256_of_the_decoded_body() -> None:
                                      "replayProtection": {"bodyHashWindowSeconds": 60}}, ["s"])
     row = build_row(provider, CIMultiDict({"X-GitHub-Delivery": "d1"}), b"{}", None)
     assert (row.body_sha256, row.replay_window_seconds) == (hashlib.sha256(b"{}").digest(), 60)
+
+
+@pytest.mark.parametrize("replay", [{}, {"bodyHashWindowSeconds": 0}, {"bodyHashWindowSeconds": True}, 3600])
+async def test_replay_protection_spec_errors_name_the_field(replay: object) -> None:
+    from hookline.core.providers import SpecError, parse_provider
+
+    with pytest.raises(SpecError, match="replayProtection"):
+        parse_provider("gh", {"signature": {"scheme": "github"}, "handler": "m:f", "replayProtection": replay},
+                       ["secret"])
+
