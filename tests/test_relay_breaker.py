@@ -153,14 +153,16 @@ async def test_an_endpoint_that_refuses_every_first_attempt_gets_every_event(
         ids = await publish_many(pool, events)
         service = await start_relay(database_url, log_dir, *FAST_BREAKER)
         try:
-            # The burst of first attempts fails, so the circuit opens (asserted below: the breaker
-            # is exercised, not avoided). Each cycle then costs at most one probe interval plus
-            # three probes, each a retry already due (retry delay <= 0.5 s < interval), and
-            # consumes at least ceil(0.9 * MIN_VOLUME) = 9 first attempts before it can reopen:
-            # at most ceil(100 / 9) = 12 cycles of ~2 s, then the retries drain with the circuit
-            # closed. 24 s is the worst case on an idle machine; the wait allows 2.5 times that.
-            await wait_for(lambda: len(ep.delivered()) == events, timeout=60)
-            assert await transitions(service, "flaky", "open") >= 1
+            # The burst of first attempts fails, so the circuit opens (asserted below: the breaker is
+            # exercised, not avoided). One probe interval later three probes go, each a retry that is
+            # due (retry delay <= 0.5 s < interval), and succeed: closed. The relay then sends every
+            # due retry before any first attempt, so before the circuit can open again at 90 %
+            # failures, 9 first attempts fail per retry delivered: the first burst (>= 10 failures,
+            # 3 of them retried as probes) buys >= 63 first attempts, those buy the rest. Hence at
+            # most 3 openings (asserted) of ~PROBE_INTERVAL + 3 probes each, then the retries drain
+            # with the circuit closed: ~6 s on an idle machine; the wait allows 5 times that.
+            await wait_for(lambda: len(ep.delivered()) == events, timeout=30)
+            assert 1 <= await transitions(service, "flaky", "open") <= 3
             assert await transitions(service, "flaky", "closed") >= 1
         finally:
             assert service.stop() == 0, service.logs()

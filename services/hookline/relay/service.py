@@ -2,10 +2,9 @@
 
 Loop: for each enabled endpoint in turn, claim up to the free concurrency with the
 queue claim (one statement, SKIP LOCKED, leased, the attempt counted at claim; due
-retries first: ``claim_deliveries`` in outbox.sql), start a task per delivery
-unless the endpoint's circuit breaker is open (``relay/breaker.py``: then only
-one probe goes at a time), and when nothing is due
-sleep until a publish's NOTIFY or the poll interval.
+retries first: ``claim_deliveries`` in outbox.sql), start a task per delivery, and
+when nothing is due sleep until a publish's NOTIFY or the poll interval. While an
+endpoint's circuit is open (``relay/breaker.py``) only its probes go out, one at a time.
 
 Why nothing is skipped: the claim selects by *status* ('pending' rows that are
 due), not by "ids above the last one I saw". An event whose transaction drew a

@@ -111,43 +111,48 @@ WHERE e.name = c.name;
 -- A probe that found nothing due to send: the next delivery may probe at once.
 UPDATE hookline.endpoints SET circuit_open_until = NULL WHERE name = $1 AND circuit_state = 'half_open';
 
--- name: claim_probe
--- The one delivery a half-open circuit's probe sends ($1 endpoint, $2 worker, $3
--- lease seconds, $4 ordered endpoint): the oldest due retry if there is one —
--- a delivery that failed before and now succeeds is the best evidence that the
--- endpoint recovered, while a first attempt may fail for reasons of its own —
--- else the oldest due delivery. The retry is found through deliveries_retry_idx;
--- the second branch runs only when the first found nothing. Suspects are left to
--- claim_suspect (they run alone); ordered endpoints keep their order rule (the
--- same condition as ordered_claim_filter in queue.sql).
+-- name: claim_deliveries
+-- The relay's claim ($1 endpoint, $2 how many, $3 worker, $4 lease seconds, $5
+-- ordered endpoint): the queue claim of queue.sql (oldest due first, SKIP LOCKED,
+-- leased, the attempt counted at claim, suspects left to claim_suspect, ordered
+-- endpoints one delivery per aggregate at a time) except that due RETRIES go
+-- before first attempts. A delivery that failed before and now succeeds is the
+-- best evidence that an endpoint works: a half-open circuit's probe ($2 = 1) is
+-- a retry whenever one is due, and once the circuit closes the backlog of retries
+-- goes out before the never-tried deliveries. An endpoint that refuses each
+-- message's first attempt (and takes the retry) then fails about half of its
+-- attempts, below the failure rate that opens the circuit, instead of failing
+-- every attempt until the retries' turn comes. Retries are found through
+-- deliveries_retry_idx; first attempts through deliveries_claimable_idx, only
+-- for the room the retries left.
 WITH retry AS (
     SELECT d.id FROM hookline.deliveries AS d
     WHERE d.status = 'pending' AND d.endpoint = $1 AND d.next_attempt_at <= now() AND d.attempts > 0
       AND NOT d.suspect
-      AND (NOT $4::boolean OR d.aggregate_key IS NULL OR NOT EXISTS (
+      AND (NOT $5::boolean OR d.aggregate_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM hookline.deliveries AS older
           WHERE older.endpoint = d.endpoint AND older.aggregate_key = d.aggregate_key AND older.id < d.id
             AND older.status IN ('pending', 'processing', 'parked')))
     ORDER BY d.next_attempt_at, d.id
-    LIMIT 1
+    LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), first_attempt AS (
     SELECT d.id FROM hookline.deliveries AS d
-    WHERE NOT EXISTS (SELECT 1 FROM retry)
-      AND d.status = 'pending' AND d.endpoint = $1 AND d.next_attempt_at <= now() AND NOT d.suspect
-      AND (NOT $4::boolean OR d.aggregate_key IS NULL OR NOT EXISTS (
+    WHERE d.status = 'pending' AND d.endpoint = $1 AND d.next_attempt_at <= now() AND d.attempts = 0
+      AND NOT d.suspect
+      AND (NOT $5::boolean OR d.aggregate_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM hookline.deliveries AS older
           WHERE older.endpoint = d.endpoint AND older.aggregate_key = d.aggregate_key AND older.id < d.id
             AND older.status IN ('pending', 'processing', 'parked')))
     ORDER BY d.next_attempt_at, d.id
-    LIMIT 1
+    LIMIT greatest($2 - (SELECT count(*) FROM retry), 0)
     FOR UPDATE SKIP LOCKED
 ), picked AS (
     SELECT id FROM retry UNION ALL SELECT id FROM first_attempt
 )
 UPDATE hookline.deliveries AS t
-SET status = 'processing', attempts = t.attempts + 1, locked_by = $2,
-    lease_expires_at = now() + make_interval(secs => $3)
+SET status = 'processing', attempts = t.attempts + 1, locked_by = $3,
+    lease_expires_at = now() + make_interval(secs => $4)
 FROM picked
 WHERE t.id = picked.id
 RETURNING t.*;

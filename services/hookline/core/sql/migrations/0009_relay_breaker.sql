@@ -26,8 +26,8 @@ ALTER TABLE hookline.endpoints
 UPDATE hookline.endpoints SET circuit_state = 'open', circuit_changed_at = now()
 WHERE circuit_open_until IS NOT NULL;
 
--- A half-open circuit's probe is a due retry when there is one (claim_probe in
--- outbox.sql): this finds it without reading past an endpoint's never-tried
+-- The relay claims due retries before first attempts (claim_deliveries in
+-- outbox.sql): this finds them without reading past an endpoint's never-tried
 -- backlog, which sorts first in the claimable index.
 CREATE INDEX deliveries_retry_idx ON hookline.deliveries (endpoint, next_attempt_at, id)
     WHERE status = 'pending' AND attempts > 0;
