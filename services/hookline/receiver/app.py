@@ -143,19 +143,22 @@ async def _verify_and_store(request: web.Request, provider: Provider, raw: bytes
     except BatcherFull:
         log.warning("group-commit queue full; refusing", extra={"provider": provider.name})
         return unavailable("too many events waiting to be stored; retry later")
-    except Exception as exc:
-        if is_data_error(exc):
-            log.warning("Postgres refused an event", extra={"provider": provider.name,
-                                                            "error": type(exc).__name__})
-            return http.error(400, "invalid_event", f"the event cannot be stored ({type(exc).__name__})")
-        if not isinstance(exc, (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)):
-            raise
-        log.warning("could not store event", extra={"provider": provider.name, "error": type(exc).__name__})
-        return unavailable("the event could not be stored; retry later")
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, UnicodeError) as exc:
+        return _not_stored(provider, exc)
     status = "accepted" if stored.is_new else "duplicate"
     response = web.json_response({"status": status, "event_id": stored.event_id})
     response["outcome"] = status
     return response
+
+
+def _not_stored(provider: Provider, exc: Exception) -> web.Response:
+    """400 when Postgres refused this event's data (its batch-mates were stored: see group_commit),
+    503 + Retry-After when Postgres could not be reached or was too slow."""
+    if is_data_error(exc):
+        log.warning("Postgres refused an event", extra={"provider": provider.name, "error": type(exc).__name__})
+        return http.error(400, "invalid_event", f"the event cannot be stored ({type(exc).__name__})")
+    log.warning("could not store event", extra={"provider": provider.name, "error": type(exc).__name__})
+    return unavailable("the event could not be stored; retry later")
 
 
 def create_app(pool: asyncpg.Pool, registry: ProviderRegistry, committer: GroupCommitter,
