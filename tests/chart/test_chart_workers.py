@@ -201,3 +201,53 @@ def test_worker_and_budget_mistakes_are_named(values: Obj, where: str) -> None:
     with pytest.raises(helm.HelmValuesError) as caught:
         validate_values(deep_merge(MINIMAL, values))
     assert where in str(caught.value)
+
+
+@pytest.mark.parametrize("worker", [{}, WORKER_VALUES], ids=["default", "everything-set"])
+def test_the_operator_builds_a_valid_deployment_from_the_template(worker: Obj) -> None:
+    """What the operator makes of the chart's template (podtemplate + resources) is a Deployment the
+    API server accepts, and the template cannot point workers at another database credential."""
+    from hookline_operator import podtemplate, resources
+
+    configmap = render(deep_merge(MINIMAL, {"worker": worker})).one("ConfigMap", TEMPLATE_CONFIGMAP)
+    template = podtemplate.parse_template(configmap["data"]["template.yaml"])
+    assert template.connections_per_replica == pools.worker(worker.get("concurrency", 16))
+    spec = {"leaseSeconds": 30, "workers": {"nodeSelector": {"pool": "own"}}}
+    deployment = resources.worker_deployment("shop", spec, 2, template)
+    deployment["metadata"]["namespace"] = "team-a"
+    kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+    pod = deployment["spec"]["template"]
+    assert pod["spec"]["nodeSelector"] == {"pool": "own"}
+    container = pod["spec"]["containers"][0]
+    database = [e for e in container["env"] if e["name"] == "HOOKLINE_DATABASE_URL"]
+    assert database == [{"name": "HOOKLINE_DATABASE_URL",
+                         "valueFrom": {"secretKeyRef": {"name": "shop-hookline-database", "key": "url"}}}]
+    assert pod["metadata"]["labels"]["hookline.io/provider"] == "shop"
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+
+
+def test_a_template_setting_its_own_database_url_is_overridden() -> None:
+    from hookline_operator import podtemplate, resources
+
+    values = {"worker": {"extraEnv": [{"name": "HOOKLINE_DATABASE_URL", "value": "postgresql://admin:pw@db/x"}]}}
+    configmap = render(deep_merge(MINIMAL, values)).one("ConfigMap", TEMPLATE_CONFIGMAP)
+    template = podtemplate.parse_template(configmap["data"]["template.yaml"])
+    deployment = resources.worker_deployment("shop", {}, 1, template)
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    database = [e for e in env if e["name"] == "HOOKLINE_DATABASE_URL"]
+    assert database == [{"name": "HOOKLINE_DATABASE_URL",
+                         "valueFrom": {"secretKeyRef": {"name": "shop-hookline-database", "key": "url"}}}]
+    assert "admin:pw" not in str(deployment)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("concurrency: 0\npod: {spec: {containers: [{name: worker}]}}", "concurrency must be a positive integer"),
+    ("pod: {spec: {containers: [{name: other}]}}", "container named 'worker'"),
+    ("[not, a, mapping]", "expected a mapping"),
+    ("pod: {spec: {containers: [", "not YAML"),
+])
+def test_a_broken_template_file_is_named(text: str, message: str) -> None:
+    from hookline_operator import podtemplate
+
+    with pytest.raises(podtemplate.TemplateError, match=message):
+        podtemplate.parse_template(text, "template.yaml")
