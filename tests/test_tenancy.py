@@ -18,7 +18,6 @@ from support.inbox import insert_events
 from support.postgres import with_database
 
 
-
 @pytest.fixture(scope="module")
 def scram_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
     """A server where every role but the superuser must prove its password (as in production)."""
@@ -172,6 +171,23 @@ async def test_roles_that_are_not_tenants_see_what_they_did_before(owner: asyncp
         await conn.close()
         await owner.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA hookline FROM {reader}; "
                             f"REVOKE ALL ON SCHEMA hookline FROM {reader}; DROP ROLE {reader}")
+
+
+async def test_an_operator_role_without_createrole_is_told_so(owner: asyncpg.Connection,
+                                                              scram_server: EmbeddedPostgres) -> None:
+    limited = f"limited_{uuid.uuid4().hex[:8]}"
+    await owner.execute(f"CREATE ROLE {limited} LOGIN PASSWORD 'limited-pw'")
+    await owner.execute(f"GRANT USAGE ON SCHEMA hookline TO {limited}")
+    database = await owner.fetchval("SELECT current_database()")
+    conn = await asyncpg.connect(tenancy.tenant_url(with_database(scram_server.url, database), limited, "limited-pw"))
+    try:
+        outcome = await tenancy.ensure_role(conn, "hookline_w_x", "team-a", "uid", "secret-password")
+    finally:
+        await conn.close()
+        await owner.execute(f"REVOKE ALL ON SCHEMA hookline FROM {limited}; DROP ROLE {limited}")
+    assert outcome is not None and (outcome.ok, outcome.reason) == (False, "DatabasePermissionDenied")
+    assert "CREATEROLE" in outcome.message and "secret-password" not in outcome.message
+    assert await owner.fetchval("SELECT count(*) FROM pg_roles WHERE rolname = 'hookline_w_x'") == 0
 
 
 # -- pure rules --------------------------------------------------------------------------------

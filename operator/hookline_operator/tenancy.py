@@ -129,8 +129,9 @@ async def ensure_worker_credentials(kube: SecretApi, conn: asyncpg.Connection | 
     # The Secret is the password's one home: the role is (re)made from it when it is missing (a
     # restored database) or the Secret is new or changed. Otherwise a tick costs one cheap query.
     if url != wanted or not await conn.fetchval(db.query("tenant_ready", "tenancy.sql"), role):
-        await conn.execute(db.query("ensure_tenant", "tenancy.sql"), role, namespace, uid,
-                           scram_verifier(password))
+        refused = await ensure_role(conn, role, namespace, uid, password)
+        if refused:
+            return refused
     if existing is None:
         import kopf
 
@@ -142,6 +143,18 @@ async def ensure_worker_credentials(kube: SecretApi, conn: asyncpg.Connection | 
         await kube.patch_secret(namespace, secret_name, {resources.DATABASE_SECRET_KEY: wanted})
         return Outcome(True, "CredentialsUpdated", f"updated Secret {secret_name} for database role {role}")
     return Outcome(True, "CredentialsReady", f"workers log in as database role {role} (Secret {secret_name})")
+
+
+async def ensure_role(conn: asyncpg.Connection | asyncpg.Pool, role: str, namespace: str, uid: str,
+                      password: str) -> Outcome | None:
+    """Create or converge the role; an Outcome saying why when the operator may not."""
+    try:
+        await conn.execute(db.query("ensure_tenant", "tenancy.sql"), role, namespace, uid, scram_verifier(password))
+    except asyncpg.InsufficientPrivilegeError as exc:
+        return Outcome(False, "DatabasePermissionDenied",
+                       f"cannot create the workers' database role {role}: {exc} (the operator's database role "
+                       "needs CREATEROLE and must own the hookline tables)")
+    return None
 
 
 async def remove_worker_credentials(conn: asyncpg.Connection | asyncpg.Pool, uid: str) -> None:
