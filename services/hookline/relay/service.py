@@ -46,7 +46,7 @@ from hookline.core.queue import OUTBOX, truncate_error
 from hookline.core.signatures import sign_standard_webhooks
 from hookline.relay import breaker
 from hookline.relay import endpoints as endpoints_mod
-from hookline.relay.breaker import BreakerSettings, CircuitState, CircuitUpdate, Outcomes
+from hookline.relay.breaker import BreakerSettings, CircuitState, CircuitUpdate, OutcomeRecorder
 from hookline.relay.endpoints import Endpoint
 
 log = logging.getLogger(__name__)
@@ -87,18 +87,12 @@ def classify(result: DeliveryResult) -> str:
     return "client_error"  # other 4xx (and stray 1xx/3xx): retried, but the receiver is likely misconfigured
 
 
-CircuitsChanged = Callable[[list[CircuitUpdate]], None]
-
-
 class Completer:
     """Successful deliveries booked in batches (the shared group-commit ``Batcher``): one
-    transaction marks a batch done, stores each answer and counts the successes in the
-    endpoints' circuit breakers."""
+    transaction marks a batch done and stores each answer."""
 
-    def __init__(self, pool: asyncpg.Pool, worker_id: str, settings: BreakerSettings, on_circuits: CircuitsChanged,
-                 max_batch: int = 500, window: float = 0.005) -> None:
+    def __init__(self, pool: asyncpg.Pool, worker_id: str, max_batch: int = 500, window: float = 0.005) -> None:
         self._pool, self._worker_id = pool, worker_id
-        self._settings, self._on_circuits = settings, on_circuits
         self._batcher: Batcher[tuple[Claimed, DeliveryResult], bool] = Batcher(
             self._write, name="relay-completions", max_batch=max_batch, window=window)
 
@@ -120,14 +114,6 @@ class Completer:
                 outbox.query("record_responses"), [c.id for c, _ in booked], [r.status for _, r in booked],
                 [r.body[:RESPONSE_STORED] for _, r in booked], [r.latency * 1000 for _, r in booked],
             )
-            successes: dict[str, Outcomes] = {}
-            for c, _ in booked:
-                n = successes.get(c.endpoint.name, Outcomes())
-                successes[c.endpoint.name] = dataclasses.replace(
-                    n, probe_successes=n.probe_successes + 1) if c.probe else dataclasses.replace(
-                    n, successes=n.successes + 1)
-            updates = await breaker.record_outcomes(conn, self._settings, successes)
-        self._on_circuits(updates)
         return [c.id in done for c, _ in batch]
 
 
@@ -148,10 +134,11 @@ class Relay(LeasedConsumer):
         self.host, self.port = host, port
         self.lease_seconds = lease_seconds
         self.retention_seconds = retention_hours * 3600
-        self.breaker = breaker or BreakerSettings()
+        self.breaker_settings = breaker or BreakerSettings()
         self.sweep_interval = sweep_interval
         self.stats_interval = stats_interval
-        self.completer = Completer(pool, self.worker_id, self.breaker, self._circuits_changed)
+        self.completer = Completer(pool, self.worker_id)
+        self.outcomes = OutcomeRecorder(pool, self.breaker_settings, self._circuits_changed)
         self.session = delivery.create_session(allow_private_networks=allow_private_networks,
                                                connections=concurrency)
         self._endpoints: dict[str, Endpoint] = {}
@@ -166,6 +153,7 @@ class Relay(LeasedConsumer):
     async def start(self) -> None:
         await self._refresh_endpoints()
         self.completer.start()
+        self.outcomes.start()
         await self.start_loops()
         if self.port is not None:
             self._runner = await http.serve(http.ops_app(self.pool), self.host, self.port)
@@ -177,6 +165,7 @@ class Relay(LeasedConsumer):
         (a request that may or may not have reached its endpoint is sent again: the safe side)."""
         await self.stop_loops()
         await self.completer.stop()
+        await self.outcomes.stop()
         await self.session.close()
         if self._runner:
             await self._runner.cleanup()
@@ -258,7 +247,7 @@ class Relay(LeasedConsumer):
         if circuit.probe_not_before is not None and circuit.probe_not_before > datetime.now(UTC):
             return 0  # not due by our clock; the database's clock decides when it is close
         # Held until the probe's outcome is booked; the hold only matters if this relay dies meanwhile.
-        hold = max(self.breaker.probe_interval, endpoint.timeout) + 5.0
+        hold = max(self.breaker_settings.probe_interval, endpoint.timeout) + 5.0
         taken = await breaker.take_probe(self.pool, name, hold)
         if taken is None:
             self._probe_looked[name] = time.monotonic()
@@ -331,6 +320,8 @@ class Relay(LeasedConsumer):
         metrics.relay_deliveries.labels(endpoint.name, outcome).inc()
         if result.status is not None:
             metrics.relay_latency.labels(endpoint.name).observe(result.latency)
+        if outcome != "gone":  # a 410 disables the endpoint instead
+            await self.outcomes.record(endpoint.name, ok=outcome == "delivered", probe=claimed.probe)
         if outcome == "delivered":
             # Retried while the lease lasts; never a retry or dead letter for a delivered event.
             await write_completion(lambda: self.completer.complete(claimed, result), self.lease_seconds,
@@ -370,9 +361,6 @@ class Relay(LeasedConsumer):
                 return  # the lease was lost meanwhile; whoever holds it now books it
             await conn.execute(outbox.query("record_responses"), [claimed.id], [result.status],
                                [result.body[:RESPONSE_STORED]], [result.latency * 1000])
-            failed = Outcomes(probe_failures=1) if claimed.probe else Outcomes(failures=1)
-            updates = await breaker.record_outcomes(conn, self.breaker, {endpoint.name: failed})
-        self._circuits_changed(updates)
 
     # --- background work -------------------------------------------------------------------
 

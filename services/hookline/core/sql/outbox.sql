@@ -83,9 +83,10 @@ WHERE d.id = r.id;
 -- The circuit breaker columns of endpoints $1 (sorted by the caller: relays lock
 -- rows in the same order), locked until the caller's transaction commits, with
 -- the database's clock: hookline/relay/breaker.py decides, store_circuits writes.
--- NO KEY UPDATE, not UPDATE: the same transaction has just updated a delivery
--- twice, whose foreign key check holds KEY SHARE on this row, and two such
--- transactions each holding KEY SHARE would deadlock asking for FOR UPDATE.
+-- NO KEY UPDATE, not UPDATE: the key does not change, and FOR UPDATE would also
+-- conflict with the KEY SHARE that foreign key checks of deliveries take on this
+-- row (publishes inserting deliveries; a transaction updating a delivery twice),
+-- which blocks publishers and deadlocks two transactions that both hold KEY SHARE.
 SELECT name, circuit_state, circuit_changed_at, circuit_open_until, window_started_at, window_successes,
        window_failures, previous_successes, previous_failures, probe_successes, probe_failures,
        consecutive_failures, now() AS now
