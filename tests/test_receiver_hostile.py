@@ -352,6 +352,11 @@ async def test_stalled_clients_are_closed_while_good_events_flow(service: Servic
         closed = await asyncio.gather(*stalled)
         await good.finish(conn)
     assert all(closed)
+    async with aiohttp.ClientSession() as http, http.get(f"{service.url}/metrics") as r:
+        text = await r.text()
+    timed_out = next(float(line.split()[1]) for line in text.splitlines()
+                     if line.startswith("hookline_http_connections_timed_out_total"))
+    assert timed_out >= 50  # the 50 whose headers never completed
 
 
 async def test_idle_connections_are_closed_after_the_keepalive_timeout(database_url: str, log_dir: Path) -> None:
@@ -392,6 +397,8 @@ async def test_buffer_cap_answers_503_with_retry_after(database_url: str, log_di
                 await asyncio.sleep(0.05)
             else:
                 pytest.fail("no 503 while every body slot was taken")
+            async with http.get(f"{proc.url}/metrics") as r:
+                assert "hookline_receiver_buffered_bodies 3.0" in await r.text()
             for _, writer in holders:
                 writer.close()
             fresh = json.dumps({"id": new_id()}).encode()

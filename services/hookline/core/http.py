@@ -15,6 +15,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from hookline.core import metrics as hookline_metrics
+
 log = logging.getLogger(__name__)
 
 POOL_KEY: web.AppKey[asyncpg.Pool] = web.AppKey("pool", asyncpg.Pool)
@@ -108,6 +110,7 @@ class _GuardedHandler(web.RequestHandler):
         self._header_timer = None
         if not self._request_in_progress and not self._messages and self.transport is not None:
             log.info("closing a connection that sent no complete request headers in time")
+            hookline_metrics.http_connections_timed_out.inc()
             self.force_close()
 
     def connection_lost(self, exc: BaseException | None) -> None:

@@ -25,6 +25,19 @@ receiver_batch_size = Histogram(
     "Events stored per group-commit transaction.",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
+receiver_buffered_bodies = Gauge(
+    "hookline_receiver_buffered_bodies",
+    "Request bodies this receiver process holds (being read or waiting to be stored); capped by "
+    "--max-buffered-bodies.",
+)
+receiver_buffered_bytes = Gauge(
+    "hookline_receiver_buffered_bytes",
+    "Bytes of request bodies this receiver process holds; capped by --max-buffered-bytes.",
+)
+http_connections_timed_out = Counter(
+    "hookline_http_connections_timed_out_total",
+    "Connections closed because their request headers were not complete in time (or never began).",
+)
 
 worker_events = Counter(
     "hookline_worker_events_total",

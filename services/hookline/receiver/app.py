@@ -168,7 +168,10 @@ def create_app(pool: asyncpg.Pool, registry: ProviderRegistry, committer: GroupC
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[REGISTRY_KEY] = registry
     app[COMMITTER_KEY] = committer
-    app[BUDGET_KEY] = BufferBudget(limits.body.max_buffered_bodies, limits.body.max_buffered_bytes)
+    budget = BufferBudget(limits.body.max_buffered_bodies, limits.body.max_buffered_bytes)
+    metrics.receiver_buffered_bodies.set_function(lambda: budget.bodies)
+    metrics.receiver_buffered_bytes.set_function(lambda: budget.bytes)
+    app[BUDGET_KEY] = budget
     app[BODY_LIMITS_KEY] = limits.body
     app.router.add_route("*", "/webhooks/{provider}", receive)
     http.add_ops_routes(app, pool)
