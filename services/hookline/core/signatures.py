@@ -7,7 +7,9 @@ exists, the official library (``standardwebhooks``, ``stripe``); the tests check
 
 Rules shared by every scheme:
 
-* the body is hashed exactly as received; it is never decoded and re-encoded;
+* the body is hashed exactly as the sender signed it: the bytes received, after the receiver has
+  undone any Content-Encoding (gzip, deflate: every scheme's sender signs before compressing);
+  it is never parsed and re-encoded;
 * every configured secret is tried (rotation): a match on any one of them passes;
 * digests are compared with :func:`hmac.compare_digest`;
 * timestamped schemes check the signature first and the timestamp second, so ``stale_timestamp``
