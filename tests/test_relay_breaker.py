@@ -24,7 +24,7 @@ from hookline.core.signatures import get_scheme
 from hookline.relay import endpoints
 from hookline.relay.breaker import BreakerSettings, Circuit, CircuitState, Outcomes, granted_probe, record
 from support.endpoints import Answer, Received, TestEndpoint, wait_for
-from support.processes import ServiceProcess, relay
+from support.processes import ServiceProcess, hookline_cli, relay
 
 SETTINGS = BreakerSettings(failure_rate=0.9, min_volume=10, window_seconds=10.0, probe_interval=1.0, close_after=3)
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -92,11 +92,13 @@ def test_a_flaky_endpoint_is_not_sent_back_to_open_by_one_failed_probe_among_suc
     assert c.state is CircuitState.HALF_OPEN
 
 
-def test_bad_settings_name_the_flag() -> None:
+async def test_bad_settings_name_the_flag(database_url: str) -> None:
     problems = BreakerSettings(failure_rate=1.5, min_volume=0, close_after=0).problems()
     assert any("--breaker-failure-rate" in p for p in problems)
     assert any("--breaker-min-volume" in p for p in problems)
     assert any("--breaker-close-after" in p for p in problems)
+    refused = await asyncio.to_thread(hookline_cli, database_url, "relay", "--breaker-failure-rate", "2")
+    assert refused.returncode == 2 and "--breaker-failure-rate must be above 0 and at most 1" in refused.stderr
 
 
 # --- with a real relay -----------------------------------------------------------------------
@@ -199,13 +201,14 @@ async def test_an_endpoint_failing_every_other_attempt_keeps_its_circuit_closed(
 
 async def test_a_dead_endpoint_costs_one_probe_per_interval_and_holds_up_no_other(
         database_url: str, pool: asyncpg.Pool, log_dir: Path) -> None:
+    """With two relays: the circuit lives in Postgres, so together they still send one probe per interval."""
     dead_url = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens: every connection is refused
     attempts_sql = "SELECT coalesce(sum(attempts), 0) FROM hookline.deliveries WHERE endpoint = 'dead'"
 
     async with TestEndpoint(new_secret()) as healthy:
         await register(pool, "dead", dead_url)
         await register(pool, "healthy", healthy.url, healthy.secret)
-        service = await start_relay(database_url, log_dir, *FAST_BREAKER)
+        services = [await start_relay(database_url, log_dir, *FAST_BREAKER) for _ in range(2)]
         try:
             first = await publish_many(pool, 40)
             await wait_for(lambda: pool.fetchval(
@@ -216,17 +219,18 @@ async def test_a_dead_endpoint_costs_one_probe_per_interval_and_holds_up_no_othe
 
             # Read order matters: a probe counts as a transition (taken) before its attempt (claimed).
             started = time.monotonic()
-            probes_before = await transitions(service, "dead", "half_open")
+            probes_before = await probes(services)
             attempts_before = await pool.fetchval(attempts_sql)
             second = await publish_many(pool, 40)
             await wait_for(lambda: len(healthy.delivered()) == 80, timeout=30)
             # Observe at least three probe intervals' worth of probing.
-            await wait_for(lambda: _more(service, probes_before + 3), timeout=10 * PROBE_INTERVAL + 10)
+            await wait_for(lambda: _at_least(services, probes_before + 3), timeout=10 * PROBE_INTERVAL + 10)
             attempts_after = await pool.fetchval(attempts_sql)
-            probes_after = await transitions(service, "dead", "half_open")
+            probes_after = await probes(services)
             elapsed = time.monotonic() - started
         finally:
-            assert service.stop() == 0, service.logs()
+            for service in services:
+                assert service.stop() == 0, service.logs()
         # Nothing but probes reached the dead endpoint, and no more than one per interval.
         assert attempts_after - attempts_before <= probes_after - probes_before
         assert probes_after - probes_before <= math.floor(elapsed / PROBE_INTERVAL) + 1
@@ -237,5 +241,10 @@ async def test_a_dead_endpoint_costs_one_probe_per_interval_and_holds_up_no_othe
             "SELECT last_error FROM hookline.deliveries WHERE endpoint = 'dead' AND attempts > 0 LIMIT 1")).lower()
 
 
-async def _more(service: ServiceProcess, at_least: float) -> bool:
-    return await transitions(service, "dead", "half_open") >= at_least
+async def probes(services: list[ServiceProcess]) -> float:
+    """Probes the dead endpoint got from any of the relays (each one taken is a transition to half-open)."""
+    return sum([await transitions(service, "dead", "half_open") for service in services])
+
+
+async def _at_least(services: list[ServiceProcess], count: float) -> bool:
+    return await probes(services) >= count

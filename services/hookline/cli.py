@@ -157,8 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
         "A circuit opens when at least --breaker-failure-rate of the attempts in the last --breaker-window "
         "seconds failed, once that window holds --breaker-min-volume attempts. While open, nothing is sent "
         "to the endpoint but one probe per --breaker-probe-interval, preferably a delivery that failed before "
-        "(its success is the best sign of recovery). --breaker-close-after successful probes close it; a failed "
-        "probe re-opens it. Give every relay the same values.")
+        "(its success is the best sign of recovery). --breaker-close-after successful probes close it; probes "
+        "failing at the failure rate re-open it (a first failed probe does). Give every relay the same values.")
     b.add_argument("--breaker-failure-rate", type=float, default=0.9, metavar="SHARE",
                    help="share of failed attempts (0-1] that opens the circuit (default 0.9: an endpoint failing "
                    "half of its attempts keeps receiving)")
