@@ -170,14 +170,21 @@ def _suspects_claimed() -> float:
                                                                         "partition": "p"}) or 0.0
 
 
+def _crashes() -> float:
+    return REGISTRY.get_sample_value("hookline_consumer_crashes_total", {"queue": "hookline.inbox",
+                                                                        "partition": "p"}) or 0.0
+
+
 async def test_the_sweep_makes_suspects_that_only_claim_suspect_hands_out(pool: asyncpg.Pool) -> None:
     await insert_events(pool, "p", 20)
     claimed = await INBOX.claim(pool, "p", 20, "crashed-worker", 0.0)
     assert len(claimed) == 20
     # Later attempts have a wide backoff window: each row gets its own point in it.
     await pool.execute("UPDATE hookline.inbox SET attempts = 5")
+    crashes_before = _crashes()
     swept = await sweep_once(pool, {"p": RetryPolicy(max_attempts=10, initial_delay=0.01, max_delay=0.2)})
     assert swept.requeued == {"p": 20} and swept.crashed == {"p": 1}
+    assert _crashes() == crashes_before + 1  # one consumer lost, however many leases it held
     rows = await pool.fetch("SELECT status, suspect, next_attempt_at FROM hookline.inbox")
     assert {(r["status"], r["suspect"]) for r in rows} == {("pending", True)}
     assert len({r["next_attempt_at"] for r in rows}) > 10  # not due together again
