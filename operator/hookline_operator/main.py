@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from hookline_operator.memo import OperatorMemo
 
     database_url()  # fail fast with a clear message when it is not set
+    check_settings()
     asyncio.run(kopf.operator(
         standalone=not args.peering,
         clusterwide=args.all_namespaces,
@@ -42,3 +43,16 @@ def run(args: argparse.Namespace) -> int:
         memo=OperatorMemo(interval=args.interval, http_url=args.liveness or None),
     ))
     return 0
+
+
+def check_settings() -> None:
+    """The chart's settings for workers, read once at start so a mistake stops the operator with its
+    message instead of failing every reconciliation."""
+    from hookline_operator import budget, podtemplate, tenancy
+
+    try:
+        podtemplate.configured_template()
+        tenancy.configured_handler_modules()
+        budget.configured_budget()
+    except (podtemplate.TemplateError, ValueError) as exc:
+        raise SystemExit(f"hookline operator: {exc}") from None
