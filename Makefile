@@ -7,7 +7,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | $(PYTHON) -c "import sys,hashlib;print(hashlib.sha1(sys.stdin.buffer.read()).hexdigest()[:12])")
 ARGS   ?=
 
-.PHONY: run test lint typecheck pytest bench-receiver bench-worker bench-relay envtest clean help
+.PHONY: run test lint typecheck pytest bench-receiver bench-worker bench-relay bench-operator-stats envtest clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -48,6 +48,9 @@ bench-worker: $(STAMP)  ## worker drain vs the pgbench ceiling, PgQueuer and pro
 
 bench-relay: $(STAMP)  ## outbox relay: 50,000 events to a local endpoint at concurrency 64
 	$(BIN)/python -m benchmarks.relay $(ARGS)
+
+bench-operator-stats: $(STAMP)  ## the operator's one statistics query per tick, at 1 million inbox events
+	$(BIN)/python -m benchmarks.operator_stats $(ARGS)
 
 clean:  ## remove the virtualenv and dev data
 	rm -rf $(VENV) .hookline .mypy_cache .ruff_cache .pytest_cache
