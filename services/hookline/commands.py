@@ -154,7 +154,7 @@ async def worker(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1:
         return _fail("--concurrency must be at least 1")
-    # Connections open as load asks for them (an idle provider's workers hold two), up to the size
+    # Connections open as load asks for them (an idle worker holds a few), up to the size
     # the operator's connection budget counts per worker pod.
     pool = await db.create_pool(min_size=2, max_size=pools.worker(args.concurrency), lean=True)
     registry = ProviderRegistry(pool)
