@@ -320,16 +320,19 @@ class Relay(LeasedConsumer):
         metrics.relay_deliveries.labels(endpoint.name, outcome).inc()
         if result.status is not None:
             metrics.relay_latency.labels(endpoint.name).observe(result.latency)
-        if outcome != "gone":  # a 410 disables the endpoint instead
-            await self.outcomes.record(endpoint.name, ok=outcome == "delivered", probe=claimed.probe)
+        if outcome == "gone":  # disables the endpoint; not a count for its circuit
+            await self._disable(claimed, result)
+            return
+        # The breaker's count and the delivery's bookkeeping are written side by side (neither
+        # waits for the other); both are done before the task ends, so a probe's successor sees it.
+        count = self.outcomes.record(endpoint.name, ok=outcome == "delivered", probe=claimed.probe)
         if outcome == "delivered":
             # Retried while the lease lasts; never a retry or dead letter for a delivered event.
-            await write_completion(lambda: self.completer.complete(claimed, result), self.lease_seconds,
-                                   {"endpoint": endpoint.name, "event_id": claimed.event_id})
-        elif outcome == "gone":
-            await self._disable(claimed, result)
+            booking = write_completion(lambda: self.completer.complete(claimed, result), self.lease_seconds,
+                                       {"endpoint": endpoint.name, "event_id": claimed.event_id})
+            await asyncio.gather(count, booking)
         else:
-            await self._fail(claimed, result)
+            await asyncio.gather(count, self._fail(claimed, result))
 
     async def _disable(self, claimed: Claimed, result: DeliveryResult) -> None:
         reason = f"HTTP 410 Gone at {datetime.now(UTC).isoformat(timespec='seconds')}: endpoint disabled"
