@@ -16,7 +16,6 @@ from hookline_operator.budget import Demand
 from hookline_operator.ownership import Resource
 
 
-
 def test_fair_shares_fill_the_smallest_first() -> None:
     demands = {"a": Demand(10, 20), "b": Demand(1, 20), "c": Demand(10, 20)}
     assert budget.fair_shares(demands, 100) == {"a": 2, "b": 1, "c": 2}
@@ -33,6 +32,20 @@ def test_fair_shares_never_exceed_the_budget_with_mixed_pool_sizes() -> None:
         shares = budget.fair_shares(demands, total)
         assert sum(shares[k] * d.connections_per_replica for k, d in demands.items()) <= total
         assert all(0 <= shares[k] <= d.wanted for k, d in demands.items())
+
+
+def test_fair_shares_are_max_min_fair_and_use_what_fits() -> None:
+    rng = random.Random(11)
+    for _ in range(300):
+        per_replica = rng.randint(1, 30)
+        demands = {f"p{i}": Demand(rng.randint(0, 15), per_replica) for i in range(rng.randint(1, 12))}
+        total = rng.randint(0, 600)
+        shares = budget.fair_shares(demands, total)
+        units = total // per_replica
+        assert sum(shares.values()) == min(units, sum(d.wanted for d in demands.values()))
+        for key, share in shares.items():
+            if share < demands[key].wanted:  # held back: nobody has more than one replica above it
+                assert max(shares.values()) <= share + 1, (demands, total, shares)
 
 
 def rows(**allocations: tuple[int, int]) -> list[dict[str, object]]:

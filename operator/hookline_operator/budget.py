@@ -50,17 +50,24 @@ def configured_budget() -> int | None:
 
 
 def fair_shares(demands: Mapping[str, Demand], budget: int) -> dict[str, int]:
-    """Max-min fair replicas: repeatedly give one more replica to the provider that has the fewest
-    (ties by key, so the answer is the same on every tick), while its demand and the budget allow."""
-    shares = dict.fromkeys(demands, 0)
-    left = budget
-    while True:
-        hungry = [k for k, d in demands.items() if shares[k] < d.wanted and d.connections_per_replica <= left]
-        if not hungry:
-            return shares
-        key = min(hungry, key=lambda k: (shares[k], k))
-        shares[key] += 1
-        left -= demands[key].connections_per_replica
+    """Max-min fair replicas (water-filling): the highest level L such that every provider getting
+    min(wanted, L) fits, then one more replica each, in key order (the same answer on every tick),
+    to those that want more, while the rest of the budget allows. O(n log max(wanted))."""
+    def cost(level: int) -> int:
+        return sum(min(d.wanted, level) * d.connections_per_replica for d in demands.values())
+
+    low, high = 0, max((d.wanted for d in demands.values()), default=0)
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if cost(middle) <= budget else (low, middle - 1)
+    shares = {key: min(d.wanted, low) for key, d in demands.items()}
+    left = budget - cost(low)
+    for key in sorted(demands):
+        demand = demands[key]
+        if shares[key] < demand.wanted and demand.connections_per_replica <= left:
+            shares[key] += 1
+            left -= demand.connections_per_replica
+    return shares
 
 
 def decide(uid: str, wanted: int, current: int, rows: Sequence[Mapping[str, Any]], budget: int) -> Grant:
