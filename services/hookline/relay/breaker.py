@@ -9,10 +9,10 @@ States and transitions::
 
 Why a failure *rate* and not consecutive failures: an endpoint that fails half of
 its attempts is alive and must keep receiving, yet it strings five failures
-together every few dozen attempts. Why probes prefer retries (``claim_probe`` in
-outbox.sql): a delivery that failed before and now succeeds is the best evidence
-of recovery, while a first attempt may fail for reasons of its own (an endpoint
-that refuses every message once). Why probes run one at a time and a failed probe
+together every few dozen attempts. Why probes prefer retries (``claim_deliveries``
+in outbox.sql, which puts due retries first): a delivery that failed before and now
+succeeds is the best evidence of recovery, while a first attempt may fail for
+reasons of its own (an endpoint that refuses every message once). Why probes run one at a time and a failed probe
 re-opens at once: an endpoint that refuses every connection then costs one probe
 per interval, and nothing else.
 
@@ -21,10 +21,11 @@ is older than half a window it becomes the previous half, so the rate always
 covers between half a window and a whole one of recent outcomes.
 
 Decisions are made here, in plain functions of (row, outcomes, now) that tests can
-call; the caller's transaction locks the endpoint row (``lock_circuits``) and
-stores the result (``store_circuits``), using the database's clock, so every relay
+call; a short transaction locks the endpoint rows (``lock_circuits``), decides with
+the database's clock and stores the result (``store_circuits``), so every relay
 applies the same rule to the same numbers and exactly one of them makes (and
-reports) each transition.
+reports) each transition. ``OutcomeRecorder`` counts attempts in batches, in the
+order their answers arrived.
 """
 
 from __future__ import annotations
