@@ -308,7 +308,7 @@ def test_dev_values_run_postgres_and_migrate_as_a_plain_job() -> None:
     rendered = render_dev(revision=3)
     assert rendered.one("StatefulSet", fullname("dev-postgres"))["spec"]["replicas"] == 1
     secret = rendered.one("Secret", fullname("dev-database"))
-    assert secret["stringData"]["url"].startswith(f"postgresql://hookline:hookline-dev@{fullname('dev-postgres')}:5432/")
+    assert secret["stringData"]["url"].startswith(f"postgresql://hookline:hookline-dev@{fullname('dev-postgres')}.{NAMESPACE}.svc:5432/")
     # A new Job name per revision: a Job's pod template cannot be patched on upgrade.
     job = rendered.one("Job", f"{fullname('migrate')}-3")
     assert not is_hook(job)
