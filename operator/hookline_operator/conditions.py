@@ -12,7 +12,8 @@ def now_iso() -> str:
 
 def set_condition(conditions: list[dict[str, Any]], type: str, status: bool, reason: str, message: str,
                   generation: int | None) -> list[dict[str, Any]]:
-    """A new conditions list with ``type`` set; lastTransitionTime moves only when status flips."""
+    """A new conditions list with ``type`` set in place (appended when new), so writers that set
+    different types keep one order; lastTransitionTime moves only when status flips."""
     value = "True" if status else "False"
     previous = next((c for c in conditions if c.get("type") == type), None)
     changed = previous is None or previous.get("status") != value
@@ -24,7 +25,9 @@ def set_condition(conditions: list[dict[str, Any]], type: str, status: bool, rea
         "lastTransitionTime": now_iso() if changed or previous is None else previous.get("lastTransitionTime"),
         "observedGeneration": generation or 0,
     }
-    return [c for c in conditions if c.get("type") != type] + [condition]
+    if previous is None:
+        return [*conditions, condition]
+    return [condition if c.get("type") == type else c for c in conditions]
 
 
 def is_true(conditions: list[dict[str, Any]], type: str) -> bool:

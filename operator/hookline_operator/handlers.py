@@ -9,7 +9,9 @@
 - ``annotation_tokens`` timer: replay-dlq and rotate-secret requests;
 - delete: releases the provider name, only if this resource owns it.
 
-Each timer writes only its own status fields; conditions have a single writer (sync).
+Each timer writes only its own status fields, and only when they changed. Conditions: sync
+recomputes the whole list from observation; scale sets its own Scaling entry from the same
+outcome sync reads from the memo, so the writers never disagree for longer than a tick.
 """
 
 from __future__ import annotations
@@ -263,8 +265,15 @@ async def scale(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: Ope
                 **_: Any) -> None:
     outcome, replicas = await scale_workers(body, dict(spec), memo)
     resource_state(memo).scaling = outcome
+    # The Scaling condition at once (sync composes the same entry from the memo, so the two
+    # writers agree on it; a Ready change this write overtakes is rewritten by sync's next tick).
+    now = dict(status)
+    fields: dict[str, Any] = {"conditions": set_condition(list(now.get("conditions") or []), "Scaling", outcome.ok,
+                                                          outcome.reason, outcome.message,
+                                                          resource_of(body).generation)}
     if replicas is not None:
-        write_changed(patch, dict(status), {"replicas": replicas})
+        fields["replicas"] = replicas
+    write_changed(patch, now, fields)
 
 
 # --- leases --------------------------------------------------------------------------------------

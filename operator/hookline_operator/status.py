@@ -1,8 +1,10 @@
-"""From what was observed to ``status.conditions``: pure functions, one writer.
+"""From what was observed to ``status.conditions``: pure functions.
 
-Only the reconcile handler and the sync timer write conditions, and both compute the
-whole list from fresh observation (plus the scaling timer's last outcome from the
-memo), so whichever write lands last is right: no writer can undo another's news.
+The reconcile handler and the sync timer compute the whole list from fresh observation
+(plus the scaling timer's last outcome from the memo), so whichever write lands last is
+right. The scaling timer sets only its Scaling entry, from that same outcome; a write of
+it that overtakes a newer Ready is repaired by the next sync tick (writes compare with
+what the resource shows).
 """
 
 from __future__ import annotations

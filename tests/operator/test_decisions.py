@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from hookline.core.inbox_stats import NO_EVENTS, ProviderStats
+from hookline_operator.conditions import set_condition
 from hookline_operator.kube import ObservedSecret
 from hookline_operator.memo import ScalingOutcome
 from hookline_operator.ownership import (
@@ -189,3 +190,13 @@ def test_a_token_is_pending_until_acknowledged() -> None:
     assert pending_token(annotations, {"replay": {"lastHandledToken": "t2"}}, "hookline.io/replay-dlq",
                          "replay") is None
     assert pending_token({}, {}, "hookline.io/replay-dlq", "replay") is None
+
+
+def test_writers_setting_different_conditions_keep_one_order() -> None:
+    obs = observation(SyncState(True, "Synced", "ok", Claim(ClaimState.OWNED)))
+    first = compose([], obs, ScalingOutcome(True, "Active", "due 1"), 1)
+    first = set_condition(first, "SecretRotated", True, "Rotated", "r1", 1)
+    by_scale = set_condition(first, "Scaling", True, "Active", "due 2", 1)
+    by_sync = compose(by_scale, obs, ScalingOutcome(True, "Active", "due 2"), 1)
+    assert [c["type"] for c in by_scale] == [c["type"] for c in first] == [c["type"] for c in by_sync]
+    assert by_sync == by_scale  # nothing for sync to write after scale wrote the same outcome
