@@ -248,9 +248,10 @@ async def within_budget(body: kopf.Body, memo: OperatorMemo, res: Resource, desi
     if not decision.capped:
         state.budget_note = ""
         return decision.replicas, outcome
-    if state.budget_note != decision.message:  # one Warning per new situation, not one per tick
+    note = f"{desired}->{decision.replicas}"
+    if state.budget_note != note:  # one Warning per new (wanted, allowed), not one per tick
         announce(body, "ConnectionBudget", decision.message, warning=True)
-        state.budget_note = decision.message
+        state.budget_note = note
     return decision.replicas, ScalingOutcome(False, "ConnectionBudget", decision.message)
 
 

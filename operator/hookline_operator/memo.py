@@ -39,7 +39,7 @@ class ResourceState:
     stabilizer: Stabilizer = field(default_factory=Stabilizer)
     claim: Claim | None = None  # the last claim decision; None until the first sync
     scaling: ScalingOutcome | None = None
-    budget_note: str = ""  # the last ConnectionBudget message announced, so it is announced once
+    budget_note: str = ""  # "wanted->allowed" of the last ConnectionBudget Warning, so each is announced once
 
 
 @dataclass
