@@ -32,7 +32,7 @@ class GatedConsumer(LeasedConsumer):
 
     def __init__(self, pool: asyncpg.Pool, concurrency: int) -> None:
         super().__init__(pool, INBOX, worker_id="gated", channels=(), concurrency=concurrency,
-                         poll_interval=0.05, grace_period=1.0)
+                         poll_interval=0.05, grace_period=1.0, completion_overlap=concurrency)
         self.effect: dict[int, asyncio.Event] = {}
         self.booked: dict[int, asyncio.Event] = {}
         self.log: list[tuple[str, int, bool]] = []  # ("start" | "end", id, suspect)
@@ -61,7 +61,7 @@ class GatedConsumer(LeasedConsumer):
         id = row["id"]
         self.log.append(("start", id, row["suspect"]))
         await self.effect[id].wait()
-        self.free_slot(id)
+        self.effect_done(id)
         await self.booked[id].wait()
         await INBOX.complete(self.pool, [(id, row["attempts"])], self.worker_id)
         self.log.append(("end", id, row["suspect"]))
@@ -124,6 +124,24 @@ async def test_an_effect_done_keeps_its_lease_until_its_completion_is_written(
     consumer.booked[id].set()
     await wait_for(pool, "SELECT status FROM hookline.inbox WHERE event_id = $1", "done", event)
     await until(lambda: not consumer.busy)
+
+
+async def test_shutdown_hands_back_unstarted_work_but_never_an_effect_done(
+        pool: asyncpg.Pool, consumers: Callable[[int], GatedConsumer]) -> None:
+    await insert_events(pool, "p", 2)
+    consumer = consumers(2)
+    await consumer.start_loops()
+    await until(lambda: len(consumer.effect) == 2)
+    done_id, working_id = sorted(consumer.effect)
+    consumer.effect[done_id].set()  # its effect happened; its completion never gets written
+    await until(lambda: done_id in consumer.completing)
+    await consumer.stop_loops()  # grace period 1 s, then both tasks are cancelled
+    rows = {r["id"]: r for r in await pool.fetch("SELECT id, status, attempts, locked_by FROM hookline.inbox")}
+    # Work that had not happened goes back at once, its attempt not counted ...
+    assert (rows[working_id]["status"], rows[working_id]["attempts"]) == ("pending", 0)
+    # ... an effect that happened keeps its lease until it expires (handing it back would repeat it now).
+    assert (rows[done_id]["status"], rows[done_id]["attempts"], rows[done_id]["locked_by"]) == (
+        "processing", 1, "gated")
 
 
 async def _sweep_forever(pool: asyncpg.Pool) -> None:

@@ -7,11 +7,12 @@ in-flight tasks finish within a grace period, and hand back the leases of the
 rest. Subclasses say what a claim round is (``claim_round``) and call ``spawn``
 for each claimed row.
 
-Leases last until the outcome is committed. A task may give its concurrency slot
-back as soon as its effect is done (``free_slot``: the next claim then overlaps
-the batched completion), but its id stays in the heartbeat's set until the task
+Leases last until the outcome is committed. A task says when its effect is done
+(``effect_done``); up to ``completion_overlap`` such tasks then wait for their
+batched completion without holding a concurrency slot, so the next claim
+overlaps the completion. Their ids stay in the heartbeat's set until the task
 ends, so a slow completion never lets the sweeper hand a finished effect to
-another consumer.
+another consumer, and shutdown never hands such a lease back.
 
 Crash isolation. A row whose lease expired is a *suspect* (see ``core/queue.py``):
 it may be what killed its last consumer. Normal claims skip suspects. Now and
@@ -45,7 +46,8 @@ SUSPECT_CHECK_INTERVAL = 1.0  # seconds between "is a suspect due?" probes (one 
 
 class LeasedConsumer(ABC):
     def __init__(self, pool: asyncpg.Pool, queue: Queue, *, worker_id: str, channels: tuple[str, ...],
-                 concurrency: int, poll_interval: float, grace_period: float, refill: int = 1) -> None:
+                 concurrency: int, poll_interval: float, grace_period: float, refill: int = 1,
+                 completion_overlap: int = 0) -> None:
         self.pool = pool
         self.queue = queue
         self.worker_id = worker_id
@@ -58,8 +60,10 @@ class LeasedConsumer(ABC):
         self.refill = max(1, min(refill, concurrency))
         # id -> (task, lease, partition): tasks holding a concurrency slot.
         self.in_flight: dict[int, tuple[asyncio.Task[Any], float, str]] = {}
-        # Tasks whose effect is done and whose completion is not committed yet: no slot, lease still kept.
+        # Tasks whose effect is done and whose completion is not committed yet: lease still kept.
         self.completing: dict[int, tuple[asyncio.Task[Any], float, str]] = {}
+        # How many of those hold no slot. Bounded: while completions pile up (Postgres slow), stop claiming.
+        self.completion_overlap = completion_overlap
         self.suspect: int | None = None  # the suspect running alone, if any
         self.suspect_check_interval = max(SUSPECT_CHECK_INTERVAL, poll_interval)
         self._suspect_waiting = False  # a suspect is due: drain, then run it alone
@@ -104,7 +108,7 @@ class LeasedConsumer(ABC):
 
     @property
     def free_slots(self) -> int:
-        return self.concurrency - len(self.in_flight)
+        return self.concurrency - len(self.in_flight) - max(0, len(self.completing) - self.completion_overlap)
 
     @property
     def busy(self) -> bool:
@@ -119,10 +123,11 @@ class LeasedConsumer(ABC):
         self.in_flight[id] = (task, lease_seconds, partition)
         task.add_done_callback(functools.partial(self._finished, id))
 
-    def free_slot(self, id: int) -> None:
-        """The work of ``id`` is done and only its bookkeeping is pending: let the next claim in now,
-        so claiming overlaps the batched completion instead of waiting for it. The heartbeat keeps
-        extending its lease until the task ends (its completion committed, or given up)."""
+    def effect_done(self, id: int) -> None:
+        """The effect of ``id`` happened and only its bookkeeping is pending: let the next claim in now
+        (within ``completion_overlap``), so claiming overlaps the batched completion instead of waiting
+        for it. The heartbeat keeps extending its lease until the task ends (completion committed, or
+        given up), and shutdown does not hand it back."""
         entry = self.in_flight.pop(id, None)
         if entry is not None:
             self.completing[id] = entry
@@ -157,13 +162,15 @@ class LeasedConsumer(ABC):
         # Effects done but not booked: never released (that would repeat the effect at once);
         # their leases run out and the next attempt's guarded completion decides.
         unbooked = [task for task, _, _ in self.completing.values() if not task.done()]
-        for task in [*unfinished.values(), *unbooked]:
+        cancelled = [*unfinished.values(), *unbooked]
+        for task in cancelled:
             task.cancel()
+        if cancelled:
+            await asyncio.wait(cancelled, timeout=5)
         if unbooked:
             log.warning("shutdown before these completions were written; their leases will expire",
                         extra={"queue": self.queue.table, "count": len(unbooked)})
         if unfinished:
-            await asyncio.wait(list(unfinished.values()), timeout=5)
             # Their transactions rolled back (or their calls were cut off): the next consumer takes them now.
             released = await self.queue.release(self.pool, list(unfinished), self.worker_id)
             log.info("released leases on shutdown", extra={"count": len(released)})

@@ -69,18 +69,15 @@ class Worker(LeasedConsumer):
                  worker_id: str | None = None) -> None:
         super().__init__(pool, INBOX, worker_id=worker_id or f"{socket.gethostname()}:{os.getpid()}:"
                          f"{uuid.uuid4().hex[:6]}", channels=("hookline_inbox",), concurrency=concurrency,
-                         poll_interval=poll_interval, grace_period=grace_period)
+                         poll_interval=poll_interval, grace_period=grace_period,
+                         # As many effects may wait for their batched completion as run at once.
+                         completion_overlap=concurrency)
         self.registry = registry
         self.only = providers or None
         self.completer = BatchCompleter(pool, self.worker_id, lambda: len(self.in_flight))
         self.session = delivery.create_session(allow_private_networks=True, connections=concurrency)
-        self.processor = Processor(pool, self.session, self.worker_id, self.completer.complete, self._effect_done)
+        self.processor = Processor(pool, self.session, self.worker_id, self.completer.complete, self.effect_done)
         self._rotation = 0
-
-    def _effect_done(self, id: int) -> None:
-        # Bounded: while many completions are still unwritten (Postgres slow), keep the slot.
-        if self.completer.backlog < self.concurrency:
-            self.free_slot(id)
 
     def providers(self) -> list[Provider]:
         known = self.registry.all()
