@@ -148,14 +148,13 @@ WITH retry AS (
     ORDER BY d.next_attempt_at, d.id
     LIMIT greatest($2 - (SELECT count(*) FROM retry), 0)
     FOR UPDATE SKIP LOCKED
-), picked AS (
-    SELECT id FROM retry UNION ALL SELECT id FROM first_attempt
 )
+-- The ids as an array: joined to the union instead, the planner cannot tell its size
+-- and hash-joins the whole deliveries table.
 UPDATE hookline.deliveries AS t
 SET status = 'processing', attempts = t.attempts + 1, locked_by = $3,
     lease_expires_at = now() + make_interval(secs => $4)
-FROM picked
-WHERE t.id = picked.id
+WHERE t.id = ANY (ARRAY(SELECT id FROM retry UNION ALL SELECT id FROM first_attempt))
 RETURNING t.*;
 
 -- name: undelivered_age
