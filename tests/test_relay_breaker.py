@@ -132,10 +132,13 @@ async def start_relay(database_url: str, log_dir: Path, *flags: str) -> ServiceP
 
 async def transitions(service: ServiceProcess, endpoint: str, to: str) -> float:
     """hookline_relay_circuit_transitions_total{endpoint, to} as the relay exports it (0 before the first)."""
+    return await sample(service, f'hookline_relay_circuit_transitions_total{{endpoint="{endpoint}",to="{to}"}}') or 0.0
+
+
+async def sample(service: ServiceProcess, series: str) -> float | None:
     text = await asyncio.to_thread(_get, service.url + "/metrics")
-    pattern = rf'^hookline_relay_circuit_transitions_total{{endpoint="{endpoint}",to="{to}"}} (\S+)$'
-    found = re.search(pattern, text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
+    found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else None
 
 
 def _get(url: str) -> str:
@@ -228,6 +231,10 @@ async def test_a_dead_endpoint_costs_one_probe_per_interval_and_holds_up_no_othe
             attempts_after = await pool.fetchval(attempts_sql)
             probes_after = await probes(services)
             elapsed = time.monotonic() - started
+            # hookline_relay_circuit_state: 0 closed, 1 half-open, 2 open (as each relay last saw it).
+            states = [await sample(s, 'hookline_relay_circuit_state{endpoint="dead"}') for s in services]
+            assert {1.0, 2.0} & set(states), states
+            assert {await sample(s, 'hookline_relay_circuit_state{endpoint="healthy"}') for s in services} <= {0.0}
         finally:
             for service in services:
                 assert service.stop() == 0, service.logs()
