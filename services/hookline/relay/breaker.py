@@ -216,6 +216,8 @@ async def _locked(conn: asyncpg.Connection, names: Sequence[str]) -> list[tuple[
 async def _store(conn: asyncpg.Connection, updates: Sequence[CircuitUpdate]) -> None:
     if not updates:
         return
+    if any(u.changed for u in updates):
+        await conn.execute(outbox.query("circuits_changed"))  # delivered at commit
     cs = [u.circuit for u in updates]
     await conn.execute(
         outbox.query("store_circuits"), [u.endpoint for u in updates], [str(c.state) for c in cs],

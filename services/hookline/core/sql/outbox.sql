@@ -108,6 +108,11 @@ FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::ti
          previous_failures, probe_successes, probe_failures, consecutive_failures)
 WHERE e.name = c.name;
 
+-- name: circuits_changed
+-- A circuit changed state: every relay re-reads its endpoints before its next
+-- claim (instead of at its next poll), so they all stop or resume at once.
+SELECT pg_notify('hookline_endpoints', 'circuit');
+
 -- name: release_probe
 -- A probe that found nothing due to send: the next delivery may probe at once.
 UPDATE hookline.endpoints SET circuit_open_until = NULL WHERE name = $1 AND circuit_state = 'half_open';
