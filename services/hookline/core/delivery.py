@@ -65,7 +65,9 @@ def _rfc6052_ipv4(ip: IPv6Address, prefix_length: int) -> IPv4Address:
 def embedded_ipv4(ip: IPv6Address) -> tuple[IPv4Address, ...]:
     """The IPv4 addresses a packet sent to ``ip`` may be delivered to by a translator or tunnel
     (empty for an ordinary IPv6 address). Where the embedding is ambiguous (a local-use NAT64
-    prefix of unknown length) every candidate is returned, so the caller can fail closed."""
+    prefix of unknown length) every candidate is returned, so the caller can fail closed; as
+    some candidate nearly always falls in 0.0.0.0/8, that refuses almost all of 64:ff9b:1::/48,
+    which is meant for translators inside one's own network anyway (RFC 8215)."""
     if any(ip in network for network in _LAST_32_BITS):
         return (IPv4Address(int(ip) & 0xFFFFFFFF),)
     if ip in _NAT64_LOCAL_USE:
