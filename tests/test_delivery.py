@@ -16,7 +16,6 @@ from hookline.core import delivery
 from hookline.core.delivery import DeliveryErrorKind, embedded_ipv4, is_internal
 from hookline.core.embedded import free_port
 
-
 # Each form wrapping 10.0.0.5 (private) and 8.8.8.8 (public).
 EMBEDDINGS = {
     "NAT64 well-known 64:ff9b::/96": ("64:ff9b::a00:5", "64:ff9b::808:808"),
