@@ -173,6 +173,7 @@ RETURNING t.id, t.{partition} AS partition, t.status, x.locked_by AS holder;
 -- name: replay_dead
 -- Requeue dead rows (all, or one partition), optionally only those that died
 -- within [since, until). Attempts restart so the retry policy applies afresh.
+-- Suspects stay suspects: a replayed event that killed its consumers runs alone.
 UPDATE {table}
 SET status = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL, processed_at = NULL,
     deferred_since = NULL
