@@ -40,7 +40,8 @@ class StatsCache:
 
     latest: Snapshot | None = None
     error: str = "no statistics read yet"
-    refreshes: int = field(default=0)
+    refreshes: int = 0
+    published: set[str] = field(default_factory=set)  # providers with gauges, to zero them once drained
 
     def fresh(self, interval: float, now: float | None = None) -> Snapshot | None:
         now = time.monotonic() if now is None else now
@@ -60,7 +61,7 @@ async def refresh(pool: asyncpg.Pool, cache: StatsCache) -> None:
         return
     cache.latest = Snapshot(time.monotonic(), providers)
     cache.refreshes += 1
-    publish_metrics(providers)
+    publish_metrics(providers, cache.published)
     log.debug("inbox statistics refreshed", extra={"providers": len(providers)})
 
 
@@ -71,15 +72,12 @@ async def run(pool: asyncpg.Pool, cache: StatsCache, interval: float) -> None:
         await asyncio.sleep(interval)
 
 
-_published: set[str] = set()
-
-
-def publish_metrics(providers: dict[str, ProviderStats]) -> None:
-    for name in _published - set(providers):
+def publish_metrics(providers: dict[str, ProviderStats], published: set[str]) -> None:
+    for name in published - set(providers):
         publish_provider(name, NO_EVENTS)  # drained: report zeros rather than the last non-zero value
     for name, stats in providers.items():
         publish_provider(name, stats)
-    _published.update(providers)
+    published.update(providers)
 
 
 def publish_provider(name: str, stats: ProviderStats) -> None:

@@ -94,12 +94,12 @@ async def providers_cmd(args: argparse.Namespace) -> int:
                 return _fail(f"{args.filename}: {exc} (nothing was applied)")
         elif args.action == "list":
             rows = await conn.fetch(db.query("list_providers"))
-            print(f"{'NAME':<24} {'SCHEME':<18} {'TARGET':<40} SECRETS")
+            print(f"{'NAME':<24} {'SCHEME':<18} {'TARGET':<40} {'SECRETS':<8} MANAGED BY")
             for row in rows:
                 spec: dict[str, Any] = row["spec"]
                 target = spec.get("handler") or (spec.get("destination") or {}).get("url") or "-"
                 print(f"{row['name']:<24} {spec.get('signature', {}).get('scheme', '?'):<18} "
-                      f"{target:<40} {len(providers.active_secrets(row['secrets']))}")
+                      f"{target:<40} {len(providers.active_secrets(row['secrets'])):<8} {providers.manager(row)}")
         elif args.action == "delete":
             try:
                 deleted = await providers.delete(conn, args.name)

@@ -6,14 +6,18 @@ The operator claims a name with ``claim_provider`` (reconcile.claim_row), releas
 
 from __future__ import annotations
 
+import json
+
 import asyncpg
 import pytest
 
-from hookline.core import db, providers
+from hookline.core import db, migrations, providers
 from hookline.core.providers import ProviderOwned
+from hookline.core.signatures import get_scheme
 from hookline_operator.ownership import CLI_OWNER, LEGACY_OWNER, ClaimState, Resource
 from hookline_operator.reconcile import claim_row, release_row
 from support.inbox import insert_events
+from support.processes import hookline_cli
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -141,3 +145,46 @@ async def test_the_owner_check_holds_in_the_schema_itself(pool) -> None:
     with pytest.raises(asyncpg.CheckViolationError):
         await pool.execute("INSERT INTO hookline.providers (name, spec, managed_by, owner_uid) "
                            "VALUES ('x', '{}', 'operator', 'uid')")
+
+
+async def test_the_cli_says_who_owns_a_name_and_changes_nothing(pool, database_url) -> None:
+    await claim_row(pool, TEAM_A, spec("http://a/"), secrets(get_scheme("standard-webhooks").generate_secret()))
+    doc = "kind: WebhookProvider\nmetadata: {name: stripe}\nspec:\n  signature: {scheme: standard-webhooks}\n" \
+          "  destination: {url: 'http://cli/'}\n"
+    applied = hookline_cli(database_url, "providers", "apply", "-f", "-", stdin=doc)
+    assert applied.returncode != 0
+    assert "WebhookProvider team-a/stripe" in applied.stderr and "nothing was applied" in applied.stderr
+    deleted = hookline_cli(database_url, "providers", "delete", "stripe")
+    assert deleted.returncode != 0 and "team-a/stripe" in deleted.stderr
+    listed = hookline_cli(database_url, "providers", "list")
+    assert "WebhookProvider team-a/stripe" in listed.stdout
+    assert (await row(pool))["spec"]["destination"]["url"] == "http://a/"
+
+
+async def test_migration_0005_leaves_earlier_rows_unrecorded_and_their_resource_adopts_them(pg_server) -> None:
+    admin = await asyncpg.connect(pg_server.admin_url)
+    name = "t_premigration_" + TEAM_A.uid.replace("-", "_")
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    conn = await asyncpg.connect(pg_server.url_for(name))
+    try:
+        await conn.execute("CREATE SCHEMA hookline")
+        for version, _file, sql in migrations.available():
+            if version <= 4:
+                await conn.execute(sql)
+        # What the operator wrote before ownership was recorded: name, spec and secrets only.
+        await conn.execute("INSERT INTO hookline.providers (name, spec, secrets) VALUES ('stripe', $1, $2)",
+                           json.dumps(spec("http://a/")), json.dumps(secrets("whsec_a")))
+        await conn.execute(next(sql for version, _file, sql in migrations.available() if version == 5))
+        before = await conn.fetchrow("SELECT managed_by, owner_uid FROM hookline.providers")
+        assert (before["managed_by"], before["owner_uid"]) == (None, None)
+    finally:
+        await conn.close()
+    pool = await db.create_pool(pg_server.url_for(name), max_size=2)
+    try:
+        assert not (await claim_row(pool, TEAM_B, spec("http://b/"), secrets("whsec_b"))).owned
+        assert (await claim_row(pool, TEAM_A, spec("http://a/"), secrets("whsec_a"))).owned
+    finally:
+        await pool.close()
+        await pg_server.drop_database(name)

@@ -317,6 +317,13 @@ async def delete(conn: asyncpg.Connection, name: str) -> bool:
     return False
 
 
+def manager(row: Mapping[str, Any]) -> str:
+    """Who manages a stored provider, for people: the CLI, a WebhookProvider, or unrecorded."""
+    if row["owner_namespace"] is not None:
+        return f"WebhookProvider {row['owner_namespace']}/{row['owner_name']}"
+    return "cli" if row["managed_by"] == "cli" else "unrecorded (before ownership)"
+
+
 async def _raise_if_owned(conn: asyncpg.Connection, name: str) -> None:
     owner = await conn.fetchrow(db.query("get_provider_owner"), name)
     if owner is not None and owner["owner_uid"] is not None:
