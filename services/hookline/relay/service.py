@@ -188,8 +188,8 @@ class Relay(LeasedConsumer):
         return endpoint.circuit.state is not CircuitState.CLOSED
 
     def _circuits_changed(self, updates: list[CircuitUpdate]) -> None:
-        """Our own bookkeeping's view of circuits takes effect at once; other relays' arrives with the
-        next endpoint refresh (every poll interval)."""
+        """Our own view of circuits takes effect at once; other relays' arrives with the endpoint
+        refresh that a state change's NOTIFY triggers (or the next poll)."""
         for update in updates:
             breaker.report(update)
             cached = self._endpoints.get(update.endpoint)
