@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncpg
 
-from hookline.core import metrics
+from hookline.core import inbox_stats, metrics
 from hookline.core.inbox_stats import NO_EVENTS, ProviderStats, provider_stats
 
 log = logging.getLogger("hookline.operator")
@@ -73,20 +73,9 @@ async def run(pool: asyncpg.Pool, cache: StatsCache, interval: float) -> None:
 
 
 def publish_metrics(providers: dict[str, ProviderStats], published: set[str]) -> None:
-    for name in published - set(providers):
-        publish_provider(name, NO_EVENTS)  # drained: report zeros rather than the last non-zero value
-    for name, stats in providers.items():
-        publish_provider(name, stats)
+    """The hookline_inbox_* gauges on the operator's /metrics; a drained provider reports zeros."""
+    inbox_stats.publish(providers, published)
     published.update(providers)
-
-
-def publish_provider(name: str, stats: ProviderStats) -> None:
-    metrics.inbox_backlog.labels(name).set(stats.backlog)
-    metrics.inbox_oldest_pending.labels(name).set(stats.oldest_due_seconds)
-    metrics.inbox_dead.labels(name).set(stats.dead)
-    metrics.inbox_retrying.labels(name).set(stats.retrying)
-    metrics.inbox_deferred.labels(name).set(stats.deferred)
-    metrics.inbox_in_flight.labels(name).set(stats.in_flight)
 
 
 INT64_MAX = 2**63 - 1

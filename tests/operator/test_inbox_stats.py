@@ -99,3 +99,10 @@ async def test_status_numbers_round_trip_from_real_statistics(pool: asyncpg.Pool
     await insert_events(pool, "p", 1)
     fields = status_fields((await provider_stats(pool))["p"])
     assert fields["backlog"] == 1 and fields["oldestPendingSeconds"] >= 0
+
+
+async def test_suspects_are_counted_and_stay_pending_work(pool) -> None:
+    await insert_events(pool, "p", 2)
+    await pool.execute("UPDATE hookline.inbox SET suspect = true, attempts = 1")
+    stats = (await provider_stats(pool))["p"]
+    assert (stats.suspects, stats.due, stats.backlog) == (2, 2, 2)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from apiserver import ApiServer
 
@@ -117,6 +118,11 @@ async def test_future_retries_are_reported_apart_and_scale_nothing(apiserver, na
     assert scaling["reason"] == "Active" and "retrying 250" in scaling["message"], scaling
     assert get(apiserver, namespace, "deployment", "signals-worker")["spec"]["replicas"] == 0
     assert "422" not in operator.logs() and "Unprocessable" not in operator.logs()
+    async with aiohttp.ClientSession() as http, http.get(f"{operator.url}/metrics") as response:
+        exported = await response.text()
+    for line in ('hookline_inbox_retrying{provider="signals"} 250.0', 'hookline_inbox_backlog{provider="signals"} 0.0',
+                 'hookline_inbox_oldest_pending_seconds{provider="signals"} 0.0'):
+        assert line in exported, line
 
     # The same events once due: backlog, a real age, and workers.
     await pool.execute("UPDATE hookline.inbox SET next_attempt_at = now() - interval '30 seconds'")

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import asyncpg
 
-from hookline.core import delivery, metrics
+from hookline.core import delivery, inbox_stats
 from hookline.core.batching import Batcher
 from hookline.core.consumer import LeasedConsumer
 from hookline.core.providers import Provider, ProviderRegistry
@@ -143,13 +143,9 @@ class StatsReporter:
         self._task: asyncio.Task[None] | None = None
 
     async def refresh(self) -> None:
-        stats = await INBOX.stats(self.pool)
-        for name in set(stats) | set(self.registry.all()):
-            s = stats.get(name)
-            metrics.inbox_backlog.labels(name).set(s.backlog if s else 0)
-            metrics.inbox_oldest_pending.labels(name).set(s.oldest_pending_seconds if s else 0)
-            metrics.inbox_dead.labels(name).set(s.dead if s else 0)
-            metrics.inbox_suspects.labels(name).set(s.suspects if s else 0)
+        # The operator's statistics, so both export the same numbers: backlog is due + in flight,
+        # retries backing off and deferred events apart, the age only of due events.
+        inbox_stats.publish(await inbox_stats.provider_stats(self.pool), self.registry.all())
 
     async def _run(self) -> None:
         while True:

@@ -111,6 +111,7 @@ SELECT (SELECT count(*) FROM owner) > 0 AS owned, (SELECT count(*) FROM requeued
 --   deferred          inbox_deferred_idx  (pending, waiting for a predecessor)
 --   in flight         inbox_leased_idx    (processing; as many as workers run at once)
 --   dead              inbox_dead_idx      (dead)
+--   suspects          inbox_suspect_idx   (pending rows whose last lease expired; migration 0008)
 -- oldest_due_seconds is how long the longest-waiting due event has waited to be
 -- claimed (since it arrived, or since its backoff ended); a future retry is not due
 -- and cannot make it negative.
@@ -133,6 +134,9 @@ WITH due AS (
     GROUP BY provider
 ), dead AS (
     SELECT provider, count(*) AS dead FROM hookline.inbox WHERE status = 'dead' GROUP BY provider
+), suspects AS (
+    SELECT provider, count(*) AS suspects FROM hookline.inbox WHERE status = 'pending' AND suspect
+    GROUP BY provider
 )
 SELECT provider,
        coalesce(due.due, 0) AS due,
@@ -141,12 +145,14 @@ SELECT provider,
        coalesce(deferred.deferred, 0) AS deferred,
        coalesce(in_flight.in_flight, 0) AS in_flight,
        coalesce(in_flight.expired, 0) AS expired_leases,
-       coalesce(dead.dead, 0) AS dead
+       coalesce(dead.dead, 0) AS dead,
+       coalesce(suspects.suspects, 0) AS suspects
 FROM due
 FULL JOIN retrying USING (provider)
 FULL JOIN deferred USING (provider)
 FULL JOIN in_flight USING (provider)
-FULL JOIN dead USING (provider);
+FULL JOIN dead USING (provider)
+FULL JOIN suspects USING (provider);
 
 -- name: insert_inbox_batch
 -- Group commit: one statement (one transaction, one WAL flush) stores a whole batch
