@@ -1,7 +1,8 @@
 """The shared consumer loop (core/consumer.py) and the queue's suspect statements, in-process on a real Postgres.
 
 A small consumer over the inbox runs tasks that wait for the test, so the test
-decides when each effect is done and when its completion is written.
+decides when each effect is done and when its completion is written. The last
+test runs the relay, the other consumer, on suspects.
 """
 
 from __future__ import annotations
@@ -15,9 +16,14 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
+from hookline import outbox
 from hookline.core.consumer import LeasedConsumer
 from hookline.core.maintenance import sweep_once
 from hookline.core.queue import INBOX, RetryPolicy
+from hookline.core.signatures import get_scheme
+from hookline.relay import endpoints
+from hookline.relay.service import Relay
+from support.endpoints import Answer, Received, TestEndpoint
 from support.inbox import insert_events, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -215,3 +221,36 @@ async def test_the_sweep_makes_suspects_that_only_claim_suspect_hands_out(pool: 
     assert (await INBOX.stats(pool))["p"].suspects == 19
     assert await INBOX.complete(pool, [(one["id"], one["attempts"])], "w") == {one["id"]}
     assert await pool.fetchval("SELECT suspect FROM hookline.inbox WHERE id = $1", one["id"]) is False
+
+
+async def test_the_relay_delivers_suspects_one_at_a_time(pool: asyncpg.Pool) -> None:
+    running, most = 0, 0
+
+    async def one_at_a_time(_n: int, _r: Received) -> Answer:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.1)
+        running -= 1
+        return Answer(200)
+
+    async with TestEndpoint(get_scheme("standard-webhooks").generate_secret(), one_at_a_time) as ep:
+        async with pool.acquire() as conn:
+            await endpoints.add(conn, "partner", ep.url, secret=ep.secret)
+            async with conn.transaction():
+                for i in range(5):
+                    await outbox.publish(conn, "order.shipped", {"order": i})
+        # As the sweep leaves them after a relay died with all five in flight.
+        await pool.execute("UPDATE hookline.deliveries SET suspect = true, attempts = 1")
+        claimed_before = REGISTRY.get_sample_value(
+            "hookline_suspects_claimed_total", {"queue": "hookline.deliveries", "partition": "partner"}) or 0.0
+        relay = Relay(pool, allow_private_networks=True, poll_interval=0.05, concurrency=16)
+        await relay.start()
+        try:
+            await wait_for(pool, "SELECT count(*) FROM hookline.deliveries WHERE status = 'done' AND NOT suspect", 5,
+                           timeout=30)
+        finally:
+            await relay.stop()
+    assert len(ep.effects) == 5 and most == 1
+    assert REGISTRY.get_sample_value("hookline_suspects_claimed_total", {
+        "queue": "hookline.deliveries", "partition": "partner"}) == claimed_before + 5
