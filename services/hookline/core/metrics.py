@@ -41,7 +41,8 @@ http_connections_timed_out = Counter(
 
 worker_events = Counter(
     "hookline_worker_events_total",
-    "Inbox events processed by workers, by provider and result (done, retry, deferred, dead, lost).",
+    "Inbox events processed by workers, by provider and result (done, retry, deferred, dead, lost, unknown: "
+    "the effect happened but its completion could not be written).",
     ["provider", "result"],
 )
 handler_duration = Histogram(
