@@ -34,7 +34,7 @@ from hookline_operator import status as report
 from hookline_operator.conditions import now_iso, set_condition
 from hookline_operator.kube import GROUP, PLURAL, VERSION, Kube
 from hookline_operator.memo import OperatorMemo, ScalingOutcome, resource_state
-from hookline_operator.ownership import Resource
+from hookline_operator.ownership import ClaimState, Resource
 from hookline_operator.podtemplate import TemplateError, configured_template
 from hookline_operator.reconcile import announce, converge, observe_secret, release_row
 from hookline_operator.scaling import ScalePolicy, recommend
@@ -121,7 +121,8 @@ async def sync_status(body: kopf.Body, spec: dict[str, Any], status_now: dict[st
                                             state.scaling, res.generation)
         write_changed(patch, status_now, {"conditions": after})
         return
-    state.claim = observation.sync.claim or state.claim
+    if observation.sync.claim is not None and observation.sync.claim.state is not ClaimState.RETRY:
+        state.claim = observation.sync.claim  # a claim to retry decides nothing: keep the last answer
     after = report.compose(before, observation, state.scaling, res.generation)
     after = rotation_condition(after, body, status_now, res.generation)
     for reason, message in report.new_conflicts(before, after):

@@ -68,7 +68,10 @@ async def refresh(pool: asyncpg.Pool, cache: StatsCache) -> None:
 async def run(pool: asyncpg.Pool, cache: StatsCache, interval: float) -> None:
     """The operator-level loop: one statistics query per interval, whatever the number of providers."""
     while True:
-        await refresh(pool, cache)
+        try:
+            await refresh(pool, cache)
+        except Exception:  # never let one surprise end the loop: the snapshot would go stale for good
+            log.exception("inbox statistics refresh failed")
         await asyncio.sleep(interval)
 
 
