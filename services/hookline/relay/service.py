@@ -286,8 +286,9 @@ class Relay(LeasedConsumer):
         self.spawn(claimed.id, self._deliver(claimed), self.lease_seconds, claimed.endpoint.name)
 
     def suspect_partitions(self) -> dict[str, float]:
-        # A delivery whose relay died runs alone next time (core/consumer.py); an open circuit waits for its probe.
-        return {e.name: self.lease_seconds for e in self._endpoints.values() if e.enabled and not self._breaker_open(e)}
+        # A delivery whose relay died runs alone next time (core/consumer.py). Open circuits too: probes
+        # skip suspects, so an endpoint whose only backlog is suspects would otherwise never close.
+        return {e.name: self.lease_seconds for e in self._endpoints.values() if e.enabled}
 
     async def start_suspect(self, row: asyncpg.Record) -> None:
         endpoint = self._endpoints.get(row["endpoint"])
