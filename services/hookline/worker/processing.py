@@ -221,10 +221,11 @@ class Processor:
         if permanent or event.attempts >= provider.retry.max_attempts:
             if not permanent:
                 error = f"gave up after {event.attempts} attempts: {error}"
-            ok = await INBOX.bury(self.pool, event.id, event.attempts, self.worker_id, error)
+            if not await INBOX.bury(self.pool, event.id, event.attempts, self.worker_id, error):
+                return Result.LOST
             log.warning("event dead", extra={"provider": event.provider, "event_id": event.event_id,
                                              "attempts": event.attempts, "error": error[:300]})
-            return Result.DEAD if ok else Result.LOST
+            return Result.DEAD
         delay = provider.retry.next_delay(event.attempts, retry_after)
         ok = await INBOX.retry(self.pool, event.id, event.attempts, self.worker_id, delay, error)
         return Result.RETRY if ok else Result.LOST
