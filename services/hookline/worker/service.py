@@ -20,6 +20,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import asyncpg
 
@@ -103,6 +104,12 @@ class Worker(LeasedConsumer):
         await self.completer.stop()
         await self.session.close()
         log.info("worker stopped", extra={"worker": self.worker_id})
+
+    def on_finished(self, id: int, partition: str, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # Booking a failure failed (Postgres away): the lease expires and the sweeper decides.
+            log.warning("event bookkeeping failed; its lease will expire and it runs again",
+                        extra={"provider": partition, "id": id, "error": f"{type(exc).__name__}: {exc}"[:300]})
 
     def suspect_partitions(self) -> dict[str, float]:
         return {p.name: float(p.lease_seconds) for p in self.providers()}
