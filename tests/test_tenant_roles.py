@@ -190,6 +190,24 @@ async def test_an_operator_role_without_createrole_is_told_so(owner: asyncpg.Con
     assert await owner.fetchval("SELECT count(*) FROM pg_roles WHERE rolname = 'hookline_w_x'") == 0
 
 
+async def test_a_name_taken_over_gets_a_destination_secret_of_its_own(pool: asyncpg.Pool) -> None:
+    """The new owner's namespace receives the destination secret (operator/tenancy.py): it must not be
+    the one the previous owner's destination may still trust."""
+    from hookline_operator.ownership import Resource
+    from hookline_operator.reconcile import claim_row
+
+    spec = {"signature": {"scheme": "standard-webhooks"}, "destination": {"url": "http://d/"}}
+    secrets = [{"value": "whsec_x", "notAfter": None}]
+    team_a, team_b = Resource("team-a", "shop", "uid-a", 1), Resource("team-b", "shop", "uid-b", 1)
+    assert (await claim_row(pool, team_a, spec, secrets)).owned
+    first = await pool.fetchval("SELECT destination_secret FROM hookline.providers WHERE name = 'shop'")
+    assert (await claim_row(pool, team_a, {**spec, "maxBodyBytes": 10}, secrets)).owned  # a re-sync keeps it
+    assert await pool.fetchval("SELECT destination_secret FROM hookline.providers WHERE name = 'shop'") == first
+    assert (await claim_row(pool, team_b, spec, secrets, replaces_uid="uid-a")).owned  # owner proven gone
+    taken = await pool.fetchval("SELECT destination_secret FROM hookline.providers WHERE name = 'shop'")
+    assert taken and taken != first
+
+
 # -- pure rules --------------------------------------------------------------------------------
 
 

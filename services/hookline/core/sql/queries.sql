@@ -45,7 +45,11 @@ WITH claimed AS (
         SET spec = EXCLUDED.spec, secrets = EXCLUDED.secrets, updated_at = now(), managed_by = 'operator',
             owner_namespace = EXCLUDED.owner_namespace, owner_name = EXCLUDED.owner_name,
             owner_uid = EXCLUDED.owner_uid,
-            destination_secret = coalesce(p.destination_secret, EXCLUDED.destination_secret)
+            -- A name taken over from another resource gets a destination secret of its own: the
+            -- previous owner's destination may still trust the old one (operator/tenancy.py
+            -- writes it into the new owner's namespace).
+            destination_secret = CASE WHEN p.owner_uid <> EXCLUDED.owner_uid THEN EXCLUDED.destination_secret
+                                      ELSE coalesce(p.destination_secret, EXCLUDED.destination_secret) END
         WHERE (p.owner_uid = EXCLUDED.owner_uid
                OR p.owner_uid = $9::text
                OR (p.managed_by IS NULL
