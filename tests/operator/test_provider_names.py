@@ -161,3 +161,27 @@ async def test_replay_and_rotation_in_one_namespace_never_touch_the_other(apiser
     other_secret = get(apiserver, other_ns, "secret", f"{NAME}-webhook-secret")
     assert other_secret["data"]["secret"] != owner_secret["data"]["secret"]
     assert other_secret["metadata"]["ownerReferences"][0]["uid"] == whp(apiserver, other_ns)["metadata"]["uid"]
+
+
+async def test_an_owner_deleted_behind_the_operators_back_hands_the_name_over(apiserver, teams, database_url,
+                                                                               log_dir, pool) -> None:
+    owner_ns, other_ns = teams
+    operator = start_operator(apiserver, list(teams), database_url, log_dir)
+    try:
+        apply(apiserver, owner_ns, provider(url_of(owner_ns)))
+        ready(apiserver, owner_ns, "Reconciled")
+        apply(apiserver, other_ns, provider(url_of(other_ns)))
+        ready(apiserver, other_ns, "NameConflict")
+    finally:
+        operator.stop()
+    # The owner goes away without its finalizer running: the name is never released.
+    apiserver.kubectl("patch", "whp", NAME, "-n", owner_ns, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+    apiserver.kubectl("delete", "whp", NAME, "-n", owner_ns, "--wait=true", "--timeout=30s")
+    assert await owner(pool) == (owner_ns, url_of(owner_ns))
+    operator = start_operator(apiserver, list(teams), database_url, log_dir)
+    try:
+        # The API server says the owner is gone: the waiting resource takes the name over.
+        ready(apiserver, other_ns, "Reconciled")
+        assert await owner(pool) == (other_ns, url_of(other_ns))
+    finally:
+        operator.stop()
