@@ -28,10 +28,17 @@ CREATE TABLE hookline.tenants (
 -- because inside such a function current_user is the function's owner. A tenant
 -- cannot change its session_user. Policies call it as
 -- (SELECT hookline.tenant_namespace()), which Postgres evaluates once per statement.
+-- PL/pgSQL rather than SQL: its statement plans are cached for the session, where a
+-- SQL function that cannot be inlined is planned again on every call.
 CREATE FUNCTION hookline.tenant_namespace() RETURNS text
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT namespace FROM hookline.tenants WHERE role_name = session_user
-$$;
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN (SELECT t.namespace FROM hookline.tenants AS t WHERE t.role_name = session_user);
+END $$;
+
+-- tenant_providers() looks a namespace's providers up once per statement.
+CREATE INDEX providers_owner_namespace_idx ON hookline.providers (owner_namespace)
+    WHERE owner_namespace IS NOT NULL;
 
 ALTER TABLE hookline.providers ENABLE ROW LEVEL SECURITY;
 CREATE POLICY tenant_providers ON hookline.providers
@@ -42,12 +49,15 @@ CREATE POLICY tenant_providers ON hookline.providers
 -- its namespace's providers. The names come from a definer's-rights function, so
 -- that roles that are not tenants need no access to hookline.providers.
 CREATE FUNCTION hookline.tenant_providers() RETURNS text[]
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT CASE WHEN t.namespace IS NULL THEN NULL
-                ELSE coalesce((SELECT array_agg(p.name) FROM hookline.providers AS p
-                               WHERE p.owner_namespace = t.namespace), '{}') END
-    FROM (SELECT hookline.tenant_namespace() AS namespace) AS t
-$$;
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    tenant text := (SELECT t.namespace FROM hookline.tenants AS t WHERE t.role_name = session_user);
+BEGIN
+    IF tenant IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN coalesce((SELECT array_agg(p.name) FROM hookline.providers AS p WHERE p.owner_namespace = tenant), '{}');
+END $$;
 
 ALTER TABLE hookline.inbox ENABLE ROW LEVEL SECURITY;
 CREATE POLICY tenant_events ON hookline.inbox
