@@ -41,6 +41,9 @@ from hookline_operator.scaling import ScalePolicy, recommend
 from hookline_operator.stats import DATABASE_ERRORS
 
 PAUSED_ANNOTATION = "hookline.io/paused"
+# An unchanged provider's row is re-claimed and re-checked every this many ticks (a row changed
+# behind the operator's back is repaired within that time); changes are synced at once.
+RESYNC_EVERY_TICKS = 6
 
 # Timer intervals are fixed when the handlers are registered (imported); main sets this first.
 INTERVAL = float(os.environ.get("HOOKLINE_OPERATOR_INTERVAL", "10"))
@@ -117,7 +120,8 @@ async def sync_status(body: kopf.Body, spec: dict[str, Any], status_now: dict[st
     state = resource_state(memo)
     before = list(status_now.get("conditions") or [])
     try:
-        observation = await converge(memo.db, memo.k8s, body, res, spec)
+        observation = await converge(memo.db, memo.k8s, body, res, spec, state.last_sync,
+                                     RESYNC_EVERY_TICKS * memo.interval)
     except DATABASE_ERRORS as exc:
         after = report.database_unavailable(before, f"cannot reach Postgres ({type(exc).__name__})",
                                             state.scaling, res.generation)
@@ -125,6 +129,8 @@ async def sync_status(body: kopf.Body, spec: dict[str, Any], status_now: dict[st
         return
     if observation.sync.claim is not None and observation.sync.claim.state is not ClaimState.RETRY:
         state.claim = observation.sync.claim  # a claim to retry decides nothing: keep the last answer
+    if observation.sync.verified is not None or not observation.sync.synced:
+        state.last_sync = observation.sync.verified
     after = report.compose(before, observation, state.scaling, res.generation)
     after = rotation_condition(after, body, status_now, res.generation)
     for reason, message in report.new_conflicts(before, after):

@@ -16,6 +16,7 @@ import asyncpg
 from aiohttp import web
 
 from hookline_operator.ownership import Claim
+from hookline_operator.reconcile import LastSync
 from hookline_operator.scaling import Stabilizer
 from hookline_operator.stats import StatsCache
 
@@ -38,6 +39,7 @@ class ResourceState:
 
     stabilizer: Stabilizer = field(default_factory=Stabilizer)
     claim: Claim | None = None  # the last claim decision; None until the first sync
+    last_sync: LastSync | None = None  # what the provider row was last verified to hold
     scaling: ScalingOutcome | None = None
     budget_note: str = ""  # "wanted->allowed" of the last ConnectionBudget Warning, so each is announced once
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from typing import Any, NamedTuple
 
 import asyncpg
@@ -72,6 +73,19 @@ class SyncState(NamedTuple):
     reason: str  # Synced, InvalidSpec, HandlerNotAllowed, NameConflict, SecretNotReady, ClaimRetry
     message: str
     claim: Claim | None = None  # None when no claim was attempted (bad spec, no secret)
+    verified: LastSync | None = None  # set when the row was claimed and checked just now
+
+
+class LastSync(NamedTuple):
+    """What the row was last verified to hold, so an unchanged provider skips the claim statement
+    (and its row lock) on most ticks."""
+
+    fingerprint: str
+    at: float  # time.monotonic()
+
+
+def sync_fingerprint(res: Resource, spec: dict[str, Any], secrets: list[dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps([res.uid, spec, secrets], sort_keys=True).encode()).hexdigest()
 
 
 class WorkersState(NamedTuple):
@@ -164,7 +178,11 @@ async def claim_row(conn: asyncpg.Connection | asyncpg.Pool, res: Resource, spec
 
 
 async def claim_and_sync(pool: asyncpg.Pool, kube: Kube, res: Resource, spec: dict[str, Any],
-                         secret: SecretState) -> SyncState:
+                         secret: SecretState, last: LastSync | None = None, resync_after: float = 0.0
+                         ) -> SyncState:
+    """Claim the name and store the spec; ``last`` (what was verified before) lets an unchanged
+    provider skip the statement until ``resync_after`` seconds have passed, which bounds how long
+    a row changed behind the operator's back stays wrong."""
     if not secret.ready:
         return SyncState(False, "SecretNotReady", "waiting for the signing secret")
     refusal = tenancy.handler_refusal(res.namespace, spec, tenancy.configured_handler_modules())
@@ -176,6 +194,9 @@ async def claim_and_sync(pool: asyncpg.Pool, kube: Kube, res: Resource, spec: di
         parse_provider(res.name, spec, [s["value"] for s in secrets])
     except SpecError as exc:
         return SyncState(False, "InvalidSpec", str(exc))
+    fingerprint = sync_fingerprint(res, spec, secrets)
+    if last is not None and last.fingerprint == fingerprint and time.monotonic() - last.at < resync_after:
+        return SyncState(True, "Synced", f"provider {res.name} is in hookline.providers", Claim(ClaimState.OWNED))
     claim = await claim_row(pool, res, spec, secrets)
     if claim.state is ClaimState.CONFLICT and claim.owner_uid is not None:
         # Level-based takeover: the owner may have been deleted without releasing the name
@@ -189,7 +210,8 @@ async def claim_and_sync(pool: asyncpg.Pool, kube: Kube, res: Resource, spec: di
             if owner_is_gone(claim, observed_uid):
                 claim = await claim_row(pool, res, spec, secrets, replaces_uid=claim.owner_uid)
     if claim.owned:
-        return SyncState(True, "Synced", f"provider {res.name} is in hookline.providers", claim)
+        return SyncState(True, "Synced", f"provider {res.name} is in hookline.providers", claim,
+                         LastSync(fingerprint, time.monotonic()))
     return SyncState(False, claim.state.value, claim.message(res.name), claim)
 
 
@@ -258,10 +280,10 @@ async def ensure_access(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Re
     return None
 
 
-async def converge(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Resource, spec: dict[str, Any]
-                   ) -> Observation:
+async def converge(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Resource, spec: dict[str, Any],
+                   last: LastSync | None = None, resync_after: float = 0.0) -> Observation:
     secret = await ensure_secret(kube, body, res, spec)
-    sync = await claim_and_sync(pool, kube, res, spec, secret)
+    sync = await claim_and_sync(pool, kube, res, spec, secret, last, resync_after)
     try:
         workers = (await ensure_access(pool, kube, body, res, spec, sync)
                    or await ensure_workers(kube, body, res, spec, sync))

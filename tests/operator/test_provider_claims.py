@@ -15,7 +15,7 @@ from hookline.core import db, migrations, providers
 from hookline.core.providers import ProviderOwned
 from hookline.core.signatures import get_scheme
 from hookline_operator.ownership import CLI_OWNER, LEGACY_OWNER, ClaimState, Resource
-from hookline_operator.reconcile import claim_row, release_row
+from hookline_operator.reconcile import claim_and_sync, claim_row, describe_secret, release_row
 from support.inbox import insert_events
 from support.processes import hookline_cli
 
@@ -188,3 +188,19 @@ async def test_migration_0005_leaves_earlier_rows_unrecorded_and_their_resource_
     finally:
         await pool.close()
         await pg_server.drop_database(name)
+
+
+async def test_an_unchanged_provider_skips_the_claim_until_the_resync_is_due(pool) -> None:
+    spec_ = {"signature": {"scheme": "none"}, "destination": {"url": "http://a/"}}
+    secret = describe_secret(TEAM_A, spec_, None)
+    first = await claim_and_sync(pool, None, TEAM_A, spec_, secret)  # type: ignore[arg-type]  # no conflict: no API
+    assert first.synced and first.verified is not None
+    await pool.execute("DELETE FROM hookline.providers")  # behind the operator's back
+    skipped = await claim_and_sync(pool, None, TEAM_A, spec_, secret, first.verified, 3600)  # type: ignore[arg-type]
+    assert skipped.synced and skipped.verified is None
+    assert await row(pool) is None
+    changed = {**spec_, "destination": {"url": "http://a2/"}}  # a change is synced at once
+    assert (await claim_and_sync(pool, None, TEAM_A, changed, secret, first.verified, 3600)).verified  # type: ignore[arg-type]
+    await pool.execute("DELETE FROM hookline.providers")
+    due = await claim_and_sync(pool, None, TEAM_A, spec_, secret, first.verified, 0)  # type: ignore[arg-type]
+    assert due.verified is not None and await row(pool) is not None  # the resync repairs the row
