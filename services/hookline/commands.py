@@ -164,7 +164,8 @@ async def worker(args: argparse.Namespace) -> int:
         # Not fatal: the provider may be applied later; the worker picks it up then.
         print(f"hookline: warning: no provider named {', '.join(unknown)} yet; waiting for it", file=sys.stderr)
     service = Worker(pool, registry, providers=args.providers, concurrency=args.concurrency,
-                     poll_interval=args.poll_interval, grace_period=args.grace_period)
+                     poll_interval=args.poll_interval, grace_period=args.grace_period,
+                     batch_seconds=args.batch_seconds)
     stats = StatsReporter(pool, registry)
     sweeper = LeaseSweeper(pool, lambda: {n: p.retry for n, p in registry.all().items()}) if args.sweep else None
     runner = await serve(ops_app(pool), args.host, args.port)

@@ -60,8 +60,11 @@ class Batcher(Generic[T, R]):
     def __init__(self, write: Callable[[list[T]], Awaitable[Sequence[R]]], *, name: str,
                  max_batch: int = 128, window: float = 0.001, writers: int = 1,
                  expected: Callable[[], int] | None = None, max_queued: int | None = None,
-                 isolate: Callable[[Exception], bool] | None = None) -> None:
+                 isolate: Callable[[Exception], bool] | None = None,
+                 limit: Callable[[int], int] | None = None) -> None:
         self._write = write
+        # Given how many items are queued, how many the next batch may take (within max_batch).
+        self._limit = limit
         # How many items could still arrive (e.g. events in flight): waiting for more than
         # that cannot grow the batch, so the window is skipped.
         self._expected = expected
@@ -81,10 +84,12 @@ class Batcher(Generic[T, R]):
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._loop(), name=f"{self._name}-{i}") for i in range(self._writers)]
 
-    async def stop(self) -> None:
-        """Write what is queued (its callers are waiting), then stop the writers."""
+    async def stop(self, timeout: float | None = None) -> None:
+        """Write what is queued (its callers are waiting), then stop the writers; after ``timeout``
+        seconds a write still running is cancelled."""
         if self._tasks:
-            await self._idle.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -125,7 +130,8 @@ class Batcher(Generic[T, R]):
             self._idle.set()
 
     def _take_ready(self, batch: list[_Waiter[T, R]]) -> None:
-        while len(batch) < self._max_batch and self._queue:
+        most = self._max_batch if self._limit is None else max(1, min(self._max_batch, self._limit(len(self._queue))))
+        while len(batch) < most and self._queue:
             batch.append(self._queue.popleft())
 
     async def _next_batch(self) -> list[_Waiter[T, R]]:

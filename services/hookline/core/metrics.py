@@ -51,6 +51,11 @@ handler_duration = Histogram(
     ["provider"],
     buckets=_LATENCY_BUCKETS,
 )
+worker_batch_size = Histogram(
+    "hookline_worker_transaction_batch_events",
+    "Transactional handler events committed per transaction (each in its own savepoint).",
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)
 inbox_backlog = Gauge("hookline_inbox_backlog", "Pending inbox events.", ["provider"])
 inbox_oldest_pending = Gauge(
     "hookline_inbox_oldest_pending_seconds", "Age of the oldest due pending inbox event.", ["provider"]

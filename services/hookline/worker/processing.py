@@ -11,6 +11,12 @@ Three paths, chosen by the provider:
   handler's database writes and "done" commit together or not at all, so a
   crash or a lost lease can never leave them applied twice.
 
+  Under load several such events of one provider share a transaction
+  (``TransactionBatches``): each runs in its own savepoint with its own guarded
+  completion, so a handler that raises, or an event whose lease is gone, rolls
+  back to its savepoint (a failure is booked for retry or dead right there) and
+  its batch-mates commit with their "done" rows. Idle, a batch is one event.
+
   What a handler may observe after a lost lease (its worker stalled longer than
   ``leaseSeconds``, the sweeper took the event back and another worker claimed
   it): the same event running at the same time in another worker, with a higher
@@ -32,6 +38,7 @@ Three paths, chosen by the provider:
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import logging
@@ -44,6 +51,7 @@ import aiohttp
 import asyncpg
 
 from hookline.core import db, delivery, metrics
+from hookline.core.batching import Batcher
 from hookline.core.consumer import write_completion
 from hookline.core.providers import Provider, Transition
 from hookline.core.queue import INBOX, truncate_error
@@ -105,43 +113,177 @@ def find_transition(provider: Provider, event_type: str | None) -> Transition | 
     return next((t for t in provider.ordering.transitions if t.on == event_type), None)
 
 
+@dataclass(frozen=True)
+class Job:
+    """One claimed event on its way through a transaction (alone, or in a batch)."""
+
+    event: Event
+    provider: Provider
+    transition: Transition | None
+    deferred_since: float | None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    result: Result
+    error: str | None = None  # the failure booked, for the log line of a dead letter
+
+
+def describe_failure(exc: Exception) -> tuple[str, bool, float | None]:
+    """(error, permanent, retry_after) of an attempt that raised."""
+    if isinstance(exc, PermanentFailure):
+        return str(exc), True, None
+    if isinstance(exc, RetryableFailure):
+        return str(exc), False, exc.retry_after
+    # A handler that raises, a payload it cannot read, an import error: all retried, then dead.
+    return f"{type(exc).__name__}: {exc}", False, None
+
+
+class TransactionBatches:
+    """Runs transactional handlers of one provider several to a transaction, each in a savepoint.
+
+    Jobs queue up while batches run, and a free transaction takes a share of what has queued:
+    one job when idle, so latency is a single transaction's; several under a backlog, so one
+    commit serves them all while a few transactions still overlap. A batch takes no more jobs
+    than fit in ``max_seconds`` at the handlers' recent pace, and starts none after that time
+    (the rest queue again), so a slow handler holds its batch-mates' row locks only briefly
+    and slow handlers run side by side, one per transaction, as they would unbatched. Within a
+    batch jobs run by (entity key, id): events of one entity in the order they arrived, and
+    entity-state rows locked in the same order by every batch.
+    """
+
+    # A batch takes a quarter of what has queued (at least EVEN_SHARE jobs), so a backlog keeps
+    # a few commits overlapping rather than one long transaction.
+    SPREAD = 4
+    EVEN_SHARE = 8
+
+    def __init__(self, run_one: Callable[[asyncpg.Connection, Job, str], Awaitable[Outcome]], pool: asyncpg.Pool,
+                 name: str, *, transactions: int, max_batch: int, max_seconds: float) -> None:
+        self._run_one = run_one
+        self._pool = pool
+        self._max_seconds = max_seconds
+        self._job_seconds = 0.001  # recent time per job, a moving average
+        self._batcher: Batcher[Job, Outcome | None] = Batcher(
+            self._run, name=f"transactions:{name}", max_batch=max_batch, window=0.0, writers=transactions,
+            limit=self._limit)
+        self._batcher.start()
+
+    async def run(self, job: Job) -> Outcome:
+        while True:
+            outcome = await self._batcher.submit(job)
+            if outcome is not None:
+                return outcome
+
+    async def stop(self, timeout: float) -> None:
+        await self._batcher.stop(timeout)
+
+    def _limit(self, queued: int) -> int:
+        fit = int(self._max_seconds / max(self._job_seconds, 1e-6))
+        return min(fit, max(self.EVEN_SHARE, -(-queued // self.SPREAD)))
+
+    async def _run(self, jobs: list[Job]) -> list[Outcome | None]:
+        outcomes: list[Outcome | None] = [None] * len(jobs)
+        order = sorted(range(len(jobs)), key=lambda i: (jobs[i].event.entity_key or "", jobs[i].event.id))
+        ran = 0
+        async with self._pool.acquire() as conn, conn.transaction():
+            began = time.monotonic()
+            for i in order:
+                if ran and time.monotonic() - began >= self._max_seconds:
+                    break
+                # The previous job's savepoint is released in the round trip that opens the next
+                # one; the last is released by the commit.
+                savepoint = f"hookline_job_{ran}"
+                await conn.execute(f"RELEASE SAVEPOINT hookline_job_{ran - 1}; SAVEPOINT {savepoint}" if ran
+                                   else f"SAVEPOINT {savepoint}")
+                outcomes[i] = await self._run_one(conn, jobs[i], savepoint)
+                ran += 1
+            self._job_seconds = 0.7 * self._job_seconds + 0.3 * (time.monotonic() - began) / ran
+        metrics.worker_batch_size.observe(ran)
+        return outcomes
+
+
 class Processor:
     def __init__(self, pool: asyncpg.Pool, session: aiohttp.ClientSession, worker_id: str,
                  complete_later: Callable[[int, int], Awaitable[bool]],
-                 effect_done: Callable[[int], None] = lambda _id: None) -> None:
+                 effect_done: Callable[[int], None] = lambda _id: None, *, concurrency: int = 16,
+                 batch_seconds: float = 0.05) -> None:
         self.pool = pool
         self.session = session
         self.worker_id = worker_id
         self._complete_later = complete_later
         self._effect_done = effect_done
+        # As many transactions as events may run at once (slow handlers run side by side);
+        # under a backlog of fast ones, they share a few commits instead of each paying for one.
+        self._concurrency = max(1, concurrency)
+        self._batch_seconds = batch_seconds
+        self._batches: dict[str, TransactionBatches] = {}
 
-    async def process(self, event: Event, provider: Provider, deferred_since: float | None) -> Result:
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Let running batches commit (their callers are gone or done); cut them off after ``timeout``."""
+        batches, self._batches = list(self._batches.values()), {}
+        await asyncio.gather(*(b.stop(timeout) for b in batches))
+
+    async def process(self, event: Event, provider: Provider, deferred_since: float | None, *,
+                      alone: bool = False) -> Result:
+        """Run ``event`` and book its outcome. ``alone``: never in a batch (a suspect, which may
+        be what crashed its last worker, must not share a transaction with anything)."""
         started = time.perf_counter()
         try:
-            transition = find_transition(provider, event.event_type)
-            if transition is not None and event.entity_key is None:
-                assert provider.ordering is not None
-                raise PermanentFailure(f"no entity key at {provider.ordering.entity_key.describe()}")
-            if transition is not None:
-                result = await self._in_transaction(event, provider, transition, deferred_since)
-            elif provider.handler and load_handler(provider.handler).transactional:
-                result = await self._in_transaction(event, provider, None, None)
-            else:
-                await self._effect(event, provider, None)
-                self._effect_done(event.id)
-                result = await self._book_effect(event, provider)
+            outcome = await self._attempt(event, provider, deferred_since, alone)
         except LeaseLost:
-            result = Result.LOST
-        except PermanentFailure as exc:
-            result = await self._finish_failure(event, provider, str(exc), permanent=True)
-        except RetryableFailure as exc:
-            result = await self._finish_failure(event, provider, str(exc), retry_after=exc.retry_after)
+            outcome = Outcome(Result.LOST)
         except Exception as exc:
-            # A handler that raises, a payload it cannot read, an import error: all retried, then dead.
-            result = await self._finish_failure(event, provider, f"{type(exc).__name__}: {exc}")
+            outcome = await self._book_failure(self.pool, event, provider, exc)
+        if outcome.result is Result.DEAD and outcome.error is not None:
+            log.warning("event dead", extra={"provider": event.provider, "event_id": event.event_id,
+                                             "attempts": event.attempts, "error": outcome.error[:300]})
         metrics.handler_duration.labels(event.provider).observe(time.perf_counter() - started)
-        metrics.worker_events.labels(event.provider, result.value).inc()
-        return result
+        metrics.worker_events.labels(event.provider, outcome.result.value).inc()
+        return outcome.result
+
+    async def _attempt(self, event: Event, provider: Provider, deferred_since: float | None,
+                       alone: bool) -> Outcome:
+        transition = find_transition(provider, event.event_type)
+        if transition is not None and event.entity_key is None:
+            assert provider.ordering is not None
+            raise PermanentFailure(f"no entity key at {provider.ordering.entity_key.describe()}")
+        job = Job(event, provider, transition, deferred_since)
+        transactional = bool(provider.handler) and load_handler(provider.handler or "").transactional
+        if transactional and not alone:
+            return await self._batches_of(provider).run(job)
+        if transactional or transition is not None:
+            async with self.pool.acquire() as conn, conn.transaction():
+                return Outcome(await self._apply(conn, job))
+        await self._effect(event, provider, None)
+        self._effect_done(event.id)
+        return Outcome(await self._book_effect(event, provider))
+
+    def _batches_of(self, provider: Provider) -> TransactionBatches:
+        if provider.name not in self._batches:
+            self._batches[provider.name] = TransactionBatches(
+                self._in_savepoint, self.pool, provider.name, transactions=self._concurrency,
+                max_batch=self._concurrency, max_seconds=self._batch_seconds)
+        return self._batches[provider.name]
+
+    async def _in_savepoint(self, conn: asyncpg.Connection, job: Job, savepoint: str) -> Outcome:
+        """One job of a batch, inside ``savepoint``: its effect and "done" commit with the batch, or
+        roll back to the savepoint alone (handler raised, lease lost); a failure is booked in the
+        same transaction."""
+        try:
+            return Outcome(await self._apply(conn, job))
+        except LeaseLost:
+            await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
+            return Outcome(Result.LOST)
+        except asyncio.CancelledError as exc:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the batch itself is being stopped: everything in it rolls back
+            # Raised by the handler itself (e.g. its own timeout): a failure of this event only.
+            failure: Exception = RuntimeError(repr(exc))
+        except Exception as exc:
+            failure = exc
+        await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
+        return await self._book_failure(conn, job.event, job.provider, failure)
 
     async def _book_effect(self, event: Event, provider: Provider) -> Result:
         """Write "done" for an effect that happened outside our database (see ``write_completion``:
@@ -178,22 +320,22 @@ class Processor:
             raise RetryableFailure(f"destination: {answer.describe()}", answer.retry_after)
         raise PermanentFailure(f"destination rejected the event: {answer.describe()}")
 
-    async def _in_transaction(self, event: Event, provider: Provider, transition: Transition | None,
-                              deferred_since: float | None) -> Result:
-        async with self.pool.acquire() as conn, conn.transaction():
-            if transition is not None:
-                assert provider.ordering is not None and event.entity_key is not None
-                state = await conn.fetchval(db.query("lock_entity_state"), provider.name, event.entity_key)
-                if state not in transition.from_states:
-                    return await self._defer(conn, event, provider, transition, state, deferred_since)
-            await self._effect(event, provider, conn)
-            if transition is not None:
-                await conn.execute(db.query("set_entity_state"), provider.name, event.entity_key, transition.to)
-                await conn.fetchrow(db.query("release_deferred"), provider.name, event.entity_key)
-            # The guarded UPDATE proves the lease is still ours; if it is not, raising rolls the
-            # handler's writes back with it, so a lost lease never commits an effect.
-            if not await INBOX.complete(conn, [(event.id, event.attempts)], self.worker_id):
-                raise LeaseLost()
+    async def _apply(self, conn: asyncpg.Connection, job: Job) -> Result:
+        """The effect, the entity's new state and "done", inside the caller's transaction or savepoint."""
+        event, provider, transition = job.event, job.provider, job.transition
+        if transition is not None:
+            assert provider.ordering is not None and event.entity_key is not None
+            state = await conn.fetchval(db.query("lock_entity_state"), provider.name, event.entity_key)
+            if state not in transition.from_states:
+                return await self._defer(conn, event, provider, transition, state, job.deferred_since)
+        await self._effect(event, provider, conn)
+        if transition is not None:
+            await conn.execute(db.query("set_entity_state"), provider.name, event.entity_key, transition.to)
+            await conn.fetchrow(db.query("release_deferred"), provider.name, event.entity_key)
+        # The guarded UPDATE proves the lease is still ours; if it is not, raising rolls the
+        # handler's writes back with it, so a lost lease never commits an effect.
+        if not await INBOX.complete(conn, [(event.id, event.attempts)], self.worker_id):
+            raise LeaseLost()
         return Result.DONE
 
     async def _defer(self, conn: asyncpg.Connection, event: Event, provider: Provider, transition: Transition,
@@ -215,17 +357,17 @@ class Processor:
             raise LeaseLost()
         return Result.DEFERRED
 
-    async def _finish_failure(self, event: Event, provider: Provider, error: str, *, permanent: bool = False,
-                              retry_after: float | None = None) -> Result:
+    async def _book_failure(self, conn: asyncpg.Connection | asyncpg.Pool, event: Event, provider: Provider,
+                            exc: Exception) -> Outcome:
+        """Book a failed attempt on ``conn`` (the pool, or the batch's transaction): retry or dead."""
+        error, permanent, retry_after = describe_failure(exc)
         error = truncate_error(error, [*provider.signature.secrets, provider.destination_secret or ""])
         if permanent or event.attempts >= provider.retry.max_attempts:
             if not permanent:
                 error = f"gave up after {event.attempts} attempts: {error}"
-            if not await INBOX.bury(self.pool, event.id, event.attempts, self.worker_id, error):
-                return Result.LOST
-            log.warning("event dead", extra={"provider": event.provider, "event_id": event.event_id,
-                                             "attempts": event.attempts, "error": error[:300]})
-            return Result.DEAD
+            if not await INBOX.bury(conn, event.id, event.attempts, self.worker_id, error):
+                return Outcome(Result.LOST)
+            return Outcome(Result.DEAD, error)
         delay = provider.retry.next_delay(event.attempts, retry_after)
-        ok = await INBOX.retry(self.pool, event.id, event.attempts, self.worker_id, delay, error)
-        return Result.RETRY if ok else Result.LOST
+        ok = await INBOX.retry(conn, event.id, event.attempts, self.worker_id, delay, error)
+        return Outcome(Result.RETRY if ok else Result.LOST)

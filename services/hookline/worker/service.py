@@ -67,7 +67,7 @@ class BatchCompleter:
 class Worker(LeasedConsumer):
     def __init__(self, pool: asyncpg.Pool, registry: ProviderRegistry, *, providers: list[str] | None = None,
                  concurrency: int = 16, poll_interval: float = 1.0, grace_period: float = 25.0,
-                 worker_id: str | None = None) -> None:
+                 worker_id: str | None = None, batch_seconds: float = 0.05) -> None:
         super().__init__(pool, INBOX, worker_id=worker_id or f"{socket.gethostname()}:{os.getpid()}:"
                          f"{uuid.uuid4().hex[:6]}", channels=("hookline_inbox",), concurrency=concurrency,
                          poll_interval=poll_interval, grace_period=grace_period,
@@ -77,7 +77,8 @@ class Worker(LeasedConsumer):
         self.only = providers or None
         self.completer = BatchCompleter(pool, self.worker_id, lambda: len(self.in_flight))
         self.session = delivery.create_session(allow_private_networks=True, connections=concurrency)
-        self.processor = Processor(pool, self.session, self.worker_id, self.completer.complete, self.effect_done)
+        self.processor = Processor(pool, self.session, self.worker_id, self.completer.complete, self.effect_done,
+                                   concurrency=concurrency, batch_seconds=batch_seconds)
         self._rotation = 0
 
     def providers(self) -> list[Provider]:
@@ -101,6 +102,7 @@ class Worker(LeasedConsumer):
 
     async def stop(self) -> None:
         await self.stop_loops()
+        await self.processor.stop()
         await self.completer.stop()
         await self.session.close()
         log.info("worker stopped", extra={"worker": self.worker_id})
@@ -117,13 +119,13 @@ class Worker(LeasedConsumer):
     async def start_suspect(self, row: asyncpg.Record) -> None:
         provider = self.registry.all().get(row["provider"])
         if provider is not None:
-            self._start(provider, row)
+            self._start(provider, row, alone=True)  # never in a transaction with other events
 
-    def _start(self, provider: Provider, row: asyncpg.Record) -> None:
+    def _start(self, provider: Provider, row: asyncpg.Record, *, alone: bool = False) -> None:
         event = Event.from_row(row)
         deferred_since = row["deferred_since"].timestamp() if row["deferred_since"] else None
-        self.spawn(event.id, self.processor.process(event, provider, deferred_since), provider.lease_seconds,
-                   provider.name)
+        self.spawn(event.id, self.processor.process(event, provider, deferred_since, alone=alone),
+                   provider.lease_seconds, provider.name)
 
     async def claim_round(self) -> int:
         providers = self.providers()

@@ -1,0 +1,174 @@
+"""Transactional handlers in batches, with real worker processes on a real Postgres.
+
+Under load a worker runs several two-parameter handlers of one provider in one
+transaction, each in its own savepoint with its own guarded completion. These
+tests put a few events in the inbox before a worker starts, so that its first
+claim takes them all and they share a batch (the handler records the transaction
+id of every call on another connection, so the tests can see who shared one), and
+then check that each event still has exactly one effect:
+
+* a handler that raises rolls back only its own savepoint and is retried;
+* an event whose lease is taken mid-batch loses only its own effect;
+* a worker SIGKILLed mid-batch leaves nothing of the batch applied;
+* events of one entity in one batch run in order, and a deferral inside a batch
+  is released by its predecessor in the same batch, as it is unbatched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+
+import asyncpg
+import pytest
+
+from support.batch_handlers import TABLES
+from support.inbox import apply_provider, wait_for
+from support.processes import worker
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+UNFINISHED = "SELECT count(*) FROM hookline.inbox WHERE status NOT IN ('done', 'dead')"
+# Room for the whole first claim in one batch, however slowly a loaded machine runs the handlers.
+BATCH = ("--concurrency", "16", "--batch-seconds", "5")
+
+PROVIDER = """
+signature: {scheme: none}
+handler: "support.batch_handlers:effect_or_trouble"
+leaseSeconds: 3
+retry: {maxAttempts: 3, initialDelaySeconds: 0.2, maxDelaySeconds: 0.5}
+"""
+
+
+@pytest.fixture
+async def tables(pool: asyncpg.Pool) -> asyncpg.Pool:
+    await pool.execute(TABLES)
+    return pool
+
+
+async def insert(pool: asyncpg.Pool, provider: str, events: list[tuple[str, str | None]]) -> list[str]:
+    """Events of the given (type, entity key), in this order (ids ascending)."""
+    ids = [f"evt_{n}_{uuid.uuid4().hex[:8]}" for n in range(len(events))]
+    for event_id, (event_type, entity_key) in zip(ids, events, strict=True):
+        await pool.execute("INSERT INTO hookline.inbox (provider, event_id, event_type, entity_key, body, "
+                           "content_type) VALUES ($1, $2, $3, $4, '{}', 'application/json')",
+                           provider, event_id, event_type, entity_key)
+    return ids
+
+
+async def effects_per_event(pool: asyncpg.Pool) -> Counter[str]:
+    return Counter(r["event_id"] for r in await pool.fetch("SELECT event_id FROM batch_effects"))
+
+
+async def first_attempt_txids(pool: asyncpg.Pool) -> dict[str, int]:
+    rows = await pool.fetch("SELECT event_id, txid FROM batch_calls WHERE attempt = 1")
+    return {r["event_id"]: r["txid"] for r in rows}
+
+
+async def test_a_handler_that_raises_rolls_back_only_its_savepoint(database_url: str, tables: asyncpg.Pool,
+                                                                    log_dir) -> None:
+    apply_provider(database_url, "batch", PROVIDER)
+    ids = await insert(tables, "batch", [("ok", None)] * 3 + [("boom", None)] + [("ok", None)] * 3)
+    boom = ids[3]
+    w = worker(database_url, log_dir, *BATCH)
+    try:
+        await wait_for(tables, UNFINISHED, 0, timeout=60)
+    finally:
+        assert w.stop() == 0
+    txids = await first_attempt_txids(tables)
+    batch = txids[boom]
+    # The failing handler ran in one transaction with others, and those committed with it ...
+    mates = {e for e, txid in txids.items() if txid == batch and e != boom}
+    assert mates, txids
+    committed = {r["event_id"] for r in await tables.fetch("SELECT event_id FROM batch_effects WHERE txid = $1", batch)}
+    assert committed == mates
+    # ... while its own effect rolled back; its retry applied it once.
+    assert await effects_per_event(tables) == Counter(ids)
+    rows = {r["event_id"]: r for r in await tables.fetch("SELECT event_id, status, attempts FROM hookline.inbox")}
+    assert all(r["status"] == "done" for r in rows.values())
+    assert rows[boom]["attempts"] == 2
+    assert all(rows[e]["attempts"] == 1 for e in ids if e != boom)
+
+
+async def test_a_lease_lost_mid_batch_rolls_back_only_that_event(database_url: str, tables: asyncpg.Pool,
+                                                                  log_dir) -> None:
+    apply_provider(database_url, "batch", PROVIDER)
+    # The thief runs before the victim in their batch (same entity key: by id) and takes its lease.
+    ids = await insert(tables, "batch", [("ok", None), ("thief", None), ("victim", None), ("ok", None)])
+    thief, victim = ids[1], ids[2]
+    w = worker(database_url, log_dir, *BATCH, "--sweep")
+    try:
+        await wait_for(tables, UNFINISHED, 0, timeout=60)
+    finally:
+        assert w.stop() == 0
+    txids = await first_attempt_txids(tables)
+    assert txids[victim] == txids[thief]  # one batch
+    committed = {r["event_id"] for r in await tables.fetch("SELECT event_id FROM batch_effects WHERE txid = $1",
+                                                            txids[victim])}
+    assert thief in committed and victim not in committed
+    # The lease went to "another worker" and expired; the sweeper took it back and it ran again, once.
+    assert await effects_per_event(tables) == Counter(ids)
+    row = await tables.fetchrow("SELECT status, attempts FROM hookline.inbox WHERE event_id = $1", victim)
+    assert (row["status"], row["attempts"]) == ("done", 2)
+    assert await tables.fetchval("SELECT attempt FROM batch_effects WHERE event_id = $1", victim) == 2
+
+
+async def test_sigkill_mid_batch_leaves_nothing_half_applied(database_url: str, tables: asyncpg.Pool,
+                                                             log_dir) -> None:
+    apply_provider(database_url, "batch", PROVIDER)
+    ids = await insert(tables, "batch", [("ok", None)] * 5 + [("kill", None)])
+    w = worker(database_url, log_dir, *BATCH)
+    assert w.proc is not None
+    assert await asyncio.to_thread(w.proc.wait, 30) == -9
+    txids = await first_attempt_txids(tables)
+    assert len(set(txids.values())) < len(txids)  # at least two shared the killed transaction
+    # Nothing of the killed batch committed: every effect row belongs to a "done" row, and there are none yet.
+    assert await tables.fetchval("SELECT count(*) FROM batch_effects") == 0
+    assert await tables.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'done'") == 0
+    w2 = worker(database_url, log_dir, *BATCH, "--sweep")
+    try:
+        await wait_for(tables, UNFINISHED, 0, timeout=60)
+    finally:
+        assert w2.stop() == 0
+    assert await effects_per_event(tables) == Counter(ids)
+    assert await tables.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'done'") == len(ids)
+
+
+ORDERED = PROVIDER + """
+ordering:
+  entityKey: {jsonPointer: /entity}
+  maxDeferralSeconds: 60
+  transitions:
+    - {"on": created, from: [null], to: created}
+    - {"on": succeeded, from: [created], to: succeeded}
+"""
+
+
+async def test_ordered_events_in_one_batch_keep_their_order(database_url: str, tables: asyncpg.Pool,
+                                                            log_dir) -> None:
+    apply_provider(database_url, "ordered", ORDERED)
+    # e1, e2: "succeeded" arrived first; e3: in order. All eight fit in one batch.
+    events = [("succeeded", "e1"), ("succeeded", "e2"), ("created", "e3"), ("succeeded", "e3"),
+              ("created", "e1"), ("created", "e2"), ("created", "e4"), ("succeeded", "e4")]
+    ids = await insert(tables, "ordered", events)
+    w = worker(database_url, log_dir, *BATCH, "--poll-interval", "5")
+    try:
+        await wait_for(tables, UNFINISHED, 0, timeout=60)
+    finally:
+        assert w.stop() == 0
+    assert await effects_per_event(tables) == Counter(ids)
+    states = {r["entity_key"]: r["state"] for r in await tables.fetch(
+        "SELECT entity_key, state FROM hookline.entity_states WHERE provider = 'ordered'")}
+    assert states == {"e1": "succeeded", "e2": "succeeded", "e3": "succeeded", "e4": "succeeded"}
+    effects = await tables.fetch("SELECT event_type, entity_key, attempt, txid FROM batch_effects ORDER BY n")
+    for entity in ("e1", "e2", "e3", "e4"):
+        assert [r["event_type"] for r in effects if r["entity_key"] == entity] == ["created", "succeeded"]
+    txid = {(r["entity_key"], r["event_type"]): r["txid"] for r in effects}
+    # Every "created" applied in the first batch; e3's and e4's successors right after, in it.
+    assert len({txid[(e, "created")] for e in ("e1", "e2", "e3", "e4")}) == 1
+    assert txid[("e3", "succeeded")] == txid[("e3", "created")] == txid[("e4", "succeeded")]
+    # e1's and e2's successors were deferred in that batch, released by their predecessor in
+    # it, and applied in a later transaction; a deferral costs no attempt.
+    assert txid[("e1", "succeeded")] != txid[("e1", "created")]
+    assert all(r["attempt"] == 1 for r in effects)
