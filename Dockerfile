@@ -1,14 +1,18 @@
 # syntax=docker/dockerfile:1
 #
-# One image for every Hookline component: receiver, worker, relay, operator and migrations are
-# subcommands of the same `hookline` program and share one dependency set, so one image means one
-# build, one scan, one signature and one tag to promote. It also lets the operator start worker
-# Deployments with exactly the code the receiver runs (HOOKLINE_WORKER_IMAGE defaults to it).
-# The chart picks the component with the container's arguments, e.g. `args: [receiver, --port=8080]`.
+# Two images from one build, both running the one `hookline` program (the chart picks the component
+# with the container's arguments, e.g. `args: [receiver, --port=8080]`):
+#   operator (the default target)  everything, plus the operator's extra (kopf, kubernetes). It runs
+#                                  every component, so one image can serve the whole chart, and the
+#                                  operator starts worker Deployments with exactly the code it runs
+#                                  (HOOKLINE_WORKER_IMAGE defaults to it).
+#   service                        receiver, worker, relay and migrate only: no Kubernetes client in
+#                                  the images that face partners and run handlers.
 #
-# Build:  docker build -t hookline:dev .
-# tests/chart/test_dockerfile.py replays this file's build stage (COPY/RUN/ENV/WORKDIR) in a temporary
-# virtualenv and checks its rules, since the development machines have no Docker engine.
+# Build:  docker build -t hookline:dev .                      (the operator image)
+#         docker build --target service -t hookline-service:dev .
+# tests/chart/test_dockerfile.py replays the build stages (COPY/RUN/ENV/WORKDIR) in temporary
+# virtualenvs and checks the file's rules, since the development machines have no Docker engine.
 
 # An exact version tag, never a floating one. For reproducible builds, pin the digest too
 # (python:3.11.14-slim-bookworm@sha256:...) and let a bot such as Renovate bump both.
@@ -35,7 +39,13 @@ COPY operator ./operator
 RUN pip install --no-deps . \
     && python -m compileall -q "$VIRTUAL_ENV"
 
-# ---- runtime: the slim base plus the virtualenv; no pip cache, no build tree, no compilers -------
+# ---- build-operator: the same virtualenv plus the `operator` extra (kopf, kubernetes) ------------
+FROM build AS build-operator
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['operator']))" > operator-requirements.txt \
+    && pip install --only-binary=:all: -r operator-requirements.txt \
+    && python -m compileall -q "$VIRTUAL_ENV"
+
+# ---- runtime: the slim base and the settings both images share; no pip, no build tree, no compilers
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="hookline" \
       org.opencontainers.image.description="Webhook infrastructure on PostgreSQL: receiver, worker, relay and Kubernetes operator" \
@@ -46,7 +56,6 @@ ENV PATH="/opt/venv/bin:$PATH" \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HOOKLINE_LOG_FORMAT=json
-COPY --from=build /opt/venv /opt/venv
 # A numeric UID/GID (not a name): Kubernetes' runAsNonRoot can only verify a numeric user. No
 # /etc/passwd entry is needed; HOME points at /tmp, the one writable (emptyDir) path in the chart.
 ENV HOME=/tmp
@@ -55,3 +64,11 @@ WORKDIR /tmp
 EXPOSE 8080 8081 8082
 ENTRYPOINT ["hookline"]
 CMD ["--help"]
+
+# ---- service: receiver, worker, relay, migrate ------------------------------------------------------
+FROM runtime AS service
+COPY --from=build /opt/venv /opt/venv
+
+# ---- operator: every component and the operator (the default target: last) -------------------------
+FROM runtime AS operator
+COPY --from=build-operator /opt/venv /opt/venv

