@@ -53,7 +53,8 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
         try:
             number = kind(value)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a {kind.__name__}") from None
+            wanted = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{value!r} is not {wanted}") from None
         if number <= 0:
             raise argparse.ArgumentTypeError(f"{value!r} must be greater than 0")
         return number
