@@ -4,7 +4,7 @@ Each peer gets its own database on the benchmark's Postgres server. The parent
 (benchmarks.worker) installs the package if needed, creates the schema and
 enqueues the jobs in bulk through the peer's own API; the worker processes are
 this module run as a script, so every queue is drained by separate OS
-processes exactly as Hookline's workers are:
+processes exactly as Hookline's workers are (each peer is the exact release in PINS):
 
     python -m benchmarks.peers pgqueuer URL --concurrency 32
 
@@ -25,6 +25,10 @@ from typing import Any
 
 import asyncpg
 
+# The peers' exact versions: a ratio to a peer means something only against a known release, and a new
+# release can change its defaults (batch sizes, polling). Bump deliberately, then re-run and update the README.
+PINS = {"pgqueuer": "1.6.0", "procrastinate": "3.10.0"}
+
 # Jobs are enqueued in chunks: one call per chunk keeps each statement's
 # parameter arrays a sane size while still being a bulk insert.
 CHUNK = 10_000
@@ -40,15 +44,29 @@ class Peer:
 
 
 def ensure_installed(package: str) -> str | None:
-    """Install ``package`` into this interpreter's environment when missing; the error text on failure."""
-    if importlib.util.find_spec(package) is not None:
+    """Install the pinned release of ``package`` into this interpreter's environment unless it is there
+    already; the error text on failure."""
+    requirement = f"{package}=={PINS[package]}"
+    if _installed_version(package) == PINS[package]:
         return None
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", package],
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", requirement],
                           capture_output=True, text=True)
     if done.returncode != 0:
-        return f"pip install {package} failed: {(done.stderr or done.stdout).strip()[-500:]}"
+        return f"pip install {requirement} failed: {(done.stderr or done.stdout).strip()[-500:]}"
     importlib.invalidate_caches()
-    return None if importlib.util.find_spec(package) is not None else f"{package} not importable after install"
+    if importlib.util.find_spec(package) is None:
+        return f"{package} not importable after install"
+    found = _installed_version(package)
+    return None if found == PINS[package] else f"{requirement} installed, but {found} is what imports"
+
+
+def _installed_version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def version(package: str) -> str:
