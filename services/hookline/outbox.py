@@ -14,14 +14,12 @@ process died after the commit. The relay (``hookline relay``) sends them.
 
 from __future__ import annotations
 
-import functools
-import importlib.resources
 import json
 from typing import Any
 
 import asyncpg
 
-from hookline.core.db import parse_queries
+from hookline.core import db
 
 __all__ = ["publish", "query"]
 
@@ -39,18 +37,10 @@ async def publish(conn: asyncpg.Connection, event_type: str, payload: Any, *, ag
     # Sent as text and cast in SQL, so it works whether or not the caller's
     # connection has a jsonb codec installed (ours does; a plain asyncpg one does not).
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-    event_id: str = await conn.fetchval(
-        "SELECT hookline.publish($1, $2::text::jsonb, $3, $4, $5)",
-        event_type, body, aggregate_type, aggregate_id, endpoint,
-    )
+    event_id: str = await conn.fetchval(query("publish"), event_type, body, aggregate_type, aggregate_id, endpoint)
     return event_id
-
-
-@functools.cache
-def _queries() -> dict[str, str]:
-    return parse_queries(importlib.resources.files("hookline.core").joinpath("sql/outbox.sql").read_text())
 
 
 def query(name: str) -> str:
     """The named statement from ``core/sql/outbox.sql``."""
-    return _queries()[name]
+    return db.query(name, "outbox.sql")

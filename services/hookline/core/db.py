@@ -1,7 +1,17 @@
-"""The thin connector layer: connection pools and SQL loaded by name.
+"""The thin connector layer: connection pools, and the SQL loader for every ``sql/*.sql`` file.
 
-SQL lives in ``sql/queries.sql`` (one ``-- name: <query>`` block per statement) so
-that it can be read, reviewed and EXPLAINed as SQL rather than as Python strings.
+Each statement lives in a ``.sql`` file under a ``-- name: <statement>`` header, so it can be
+read, reviewed, run and EXPLAINed as SQL rather than as Python strings. A statement shared by
+several tables (``queue.sql``) is a template whose holes are SQL comments, after River's
+sqlctemplate, so the file as written is valid SQL that runs against the defaults:
+
+* ``/* TEMPLATE: name */default`` — the default that follows the marker (an identifier such as
+  ``hookline.inbox``, or a quoted literal) is replaced by the value of ``name``;
+* ``/* TEMPLATE_BEGIN: name */ ... /* TEMPLATE_END */`` — an optional part, kept when ``name``
+  is true and dropped when it is false; sections may nest.
+
+Values are identifiers or literals written by our code, checked as such: parameters stay
+``$n`` parameters. Files are read once and each rendering is cached.
 """
 
 from __future__ import annotations
@@ -16,6 +26,14 @@ import asyncpg
 from hookline.core.config import database_url
 
 _QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_DEFAULT = r"[A-Za-z_][\w.]*|'[^'\\]*'"
+_MARKER = re.compile(rf"/\* TEMPLATE: (\w+) \*/(?:{_DEFAULT})")
+# A section with no section inside it: nested sections are rendered from the inside out.
+_SECTION = re.compile(r"/\* TEMPLATE_BEGIN: (\w+) \*/((?:(?!/\* TEMPLATE_BEGIN:).)*?)/\* TEMPLATE_END \*/", re.DOTALL)
+_VALUE = re.compile(_DEFAULT)
+_BLANKED_LINE = re.compile(r"\n[ \t]+(?=\n)")  # what a dropped section leaves of its line
+
+TemplateValue = str | bool
 
 
 def parse_queries(text: str) -> dict[str, str]:
@@ -25,17 +43,58 @@ def parse_queries(text: str) -> dict[str, str]:
 
 
 @functools.cache
-def _queries(filename: str = "queries.sql") -> dict[str, str]:
+def statements(filename: str = "queries.sql") -> dict[str, str]:
+    """Every statement of ``sql/<filename>`` by name, as written (templates unrendered)."""
     text = importlib.resources.files("hookline.core").joinpath(f"sql/{filename}").read_text()
     return parse_queries(text)
 
 
-def query(name: str, filename: str = "queries.sql") -> str:
-    """The SQL text of the named query from ``sql/<filename>`` (``sql/queries.sql`` by default)."""
+def render(sql: str, values: dict[str, TemplateValue], where: str = "statement") -> str:
+    """``sql`` with its template sections kept or dropped and its markers replaced."""
+
+    def section(match: re.Match[str]) -> str:
+        name, body = match[1], match[2]
+        keep = _value(name, values, where)
+        if not isinstance(keep, bool):
+            raise TypeError(f"{where}: template section {name!r} takes true or false, not {keep!r}")
+        return body if keep else ""
+
+    def marker(match: re.Match[str]) -> str:
+        value = _value(match[1], values, where)
+        if not isinstance(value, str) or not _VALUE.fullmatch(value):
+            raise ValueError(f"{where}: template value {match[1]}={value!r} is not an identifier or a quoted literal")
+        return value
+
+    rendered, sections = sql, 1
+    while sections:
+        rendered, sections = _SECTION.subn(section, rendered)
+    rendered = _BLANKED_LINE.sub("", _MARKER.sub(marker, rendered))
+    if re.search(r"/\*\s*TEMPLATE", rendered):
+        raise ValueError(f"{where}: a template marker is malformed (want /* TEMPLATE: name */default or "
+                         "/* TEMPLATE_BEGIN: name */ ... /* TEMPLATE_END */)")
+    return rendered
+
+
+def _value(name: str, values: dict[str, TemplateValue], where: str) -> TemplateValue:
     try:
-        return _queries(filename)[name]
+        return values[name]
+    except KeyError:
+        raise KeyError(f"{where} needs the template value {name!r}") from None
+
+
+@functools.cache
+def _rendered(filename: str, name: str, values: tuple[tuple[str, TemplateValue], ...]) -> str:
+    try:
+        sql = statements(filename)[name]
     except KeyError:
         raise KeyError(f"no query named {name!r} in hookline/core/sql/{filename}") from None
+    return render(sql, dict(values), f"{name} in {filename}")
+
+
+def query(name: str, filename: str = "queries.sql", /, **template: TemplateValue) -> str:
+    """The SQL text of the named statement of ``sql/<filename>`` (``queries.sql`` by default),
+    its template holes filled from ``template`` (see the module docstring)."""
+    return _rendered(filename, name, tuple(sorted(template.items())))
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

@@ -2,10 +2,10 @@
 
 A queue table has the columns ``id bigint, status text, attempts int,
 next_attempt_at, lease_expires_at, locked_by, last_error, processed_at,
-deferred_since, suspect`` and a partition column (``provider`` for the inbox,
-``endpoint`` for outbox deliveries), plus a partial index on
-``(partition, next_attempt_at, id) WHERE status = 'pending'``. The SQL is in
-``sql/queue.sql``; this module fills in the table names once and gives it types.
+suspect`` and a partition column (``provider`` for the inbox, ``endpoint`` for
+outbox deliveries), plus a partial index on ``(partition, next_attempt_at, id)
+WHERE status = 'pending'``. The SQL is in ``sql/queue.sql``, valid SQL with
+template comments; this module renders it once per queue and gives it types.
 
 Every write after the claim is guarded by (id, attempts, locked_by): a worker
 whose lease was swept and re-claimed by another cannot overwrite the newer
@@ -18,16 +18,18 @@ consumer with nothing else in flight (see ``core/consumer.py``).
 
 from __future__ import annotations
 
-import functools
-import importlib.resources
+import contextlib
+import os
 import random
-from collections.abc import Iterable, Sequence
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 import asyncpg
 
-from hookline.core.db import parse_queries
+from hookline.core import db
 
 MAX_RETRY_AFTER = 86400.0
 
@@ -56,9 +58,11 @@ class RetryPolicy:
         return delay
 
 
-@functools.cache
-def _templates() -> dict[str, str]:
-    return parse_queries(importlib.resources.files("hookline.core").joinpath("sql/queue.sql").read_text())
+def make_worker_id(role: str | None = None) -> str:
+    """A consumer's name in ``locked_by``: host, pid and a random suffix (a restarted pid is
+    someone else), after ``role`` when given (``relay:...``)."""
+    name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    return f"{role}:{name}" if role else name
 
 
 @dataclass(frozen=True)
@@ -82,26 +86,34 @@ class PartitionStats:
 
 
 class Queue:
-    """The queue operations for one table, e.g. ``Queue("hookline.inbox", "provider")``.
+    """The queue operations for one table, e.g. ``Queue("hookline.inbox", "provider", "hookline_inbox")``.
 
-    ``order_key`` names a column whose rows must be processed one at a time in id
-    order within a partition; it enables ``claim(..., ordered=True)``.
+    ``channel`` is the NOTIFY channel its consumers LISTEN on. ``order_key`` names a
+    column whose rows must be processed one at a time in id order within a partition;
+    it enables ``claim(..., ordered=True)``. ``retries_first``: claims take due retries
+    before first attempts. ``deferrable``: the table has the inbox's ``deferred_since``.
     """
 
-    def __init__(self, table: str, partition: str, order_key: str | None = None) -> None:
+    def __init__(self, table: str, partition: str, channel: str, *, order_key: str | None = None,
+                 retries_first: bool = False, deferrable: bool = False) -> None:
         self.table = table
         self.partition = partition
-        self.order_key = order_key
-        names = {"table": table, "partition": partition, "order_key": order_key}
-        templates = dict(_templates())
-        ordered_filter = templates.pop("ordered_claim_filter")
-        self._sql = {name: sql.format(**names, claim_filter="") for name, sql in templates.items()}
+        self.channel = channel
+        values: dict[str, db.TemplateValue] = {
+            "table": table, "partition": partition, "retries_first": retries_first, "deferrable": deferrable,
+            "ordered": False}
+        self._sql = {name: db.query(name, "queue.sql", **values) for name in db.statements("queue.sql")}
         if order_key is not None:
-            self._sql["claim_ordered"] = templates["claim"].format(
-                **names, claim_filter=ordered_filter.format(**names))
+            self._sql["claim_ordered"] = db.query("claim", "queue.sql", **{**values, "ordered": True,
+                                                                           "order_key": order_key})
 
     def sql(self, name: str) -> str:
+        """The statement as this queue runs it (``claim_ordered`` is the ordered claim)."""
         return self._sql[name]
+
+    def statements(self) -> dict[str, str]:
+        """Every statement as this queue runs it, by name."""
+        return dict(self._sql)
 
     async def claim(self, conn: asyncpg.Connection | asyncpg.Pool, partition: str, limit: int, worker: str,
                     lease_seconds: float, *, ordered: bool = False) -> list[asyncpg.Record]:
@@ -144,27 +156,40 @@ class Queue:
     async def sweep_expired(self, conn: asyncpg.Connection | asyncpg.Pool, policies: dict[str, RetryPolicy],
                             default: RetryPolicy = RetryPolicy(), limit: int = 1000,
                             partition: str | None = None) -> SweepResult:
-        names = list(policies)
-        rows = await conn.fetch(
-            self._sql["sweep_expired"], names,
-            [policies[n].max_attempts for n in names], [policies[n].initial_delay for n in names],
-            [policies[n].max_delay for n in names],
-            default.max_attempts, default.initial_delay, default.max_delay, limit, partition,
-        )
+        """The rescuer: leases that ran out go back to pending — or to dead once the partition's
+        max_attempts is used up — with the attempt counted and the same backoff as a failed
+        attempt (``RetryPolicy.delay``, drawn per row, so rows claimed together are not due
+        together again). Unknown partitions get ``default``; ``partition`` limits the sweep."""
+        async with _connection(conn) as c, c.transaction():
+            expired = await c.fetch(self._sql["lock_expired"], limit, partition)
+            if not expired:
+                return SweepResult({}, {})
+            fates = [(r["attempts"] >= (policy := policies.get(r["partition"], default)).max_attempts,
+                      policy.delay(r["attempts"])) for r in expired]
+            await c.execute(self._sql["requeue_expired"], [r["id"] for r in expired], [f[0] for f in fates],
+                            [f[1] for f in fates])
         requeued: dict[str, int] = {}
         dead: dict[str, int] = {}
         holders: dict[str, set[str]] = {}
-        for r in rows:
-            target = dead if r["status"] == "dead" else requeued
+        for r, (exhausted, _) in zip(expired, fates, strict=True):
+            target = dead if exhausted else requeued
             target[r["partition"]] = target.get(r["partition"], 0) + 1
-            holders.setdefault(r["partition"], set()).add(r["holder"])
+            holders.setdefault(r["partition"], set()).add(r["locked_by"])
         return SweepResult(requeued, dead, {name: len(h) for name, h in holders.items()})
 
-    async def replay_dead(self, conn: asyncpg.Connection | asyncpg.Pool, partition: str | None = None,
-                          since: datetime | None = None, until: datetime | None = None) -> dict[str, int]:
+    async def replay_dead(self, conn: asyncpg.Connection, partition: str | None = None,
+                          since: datetime | None = None, until: datetime | None = None,
+                          ids: Sequence[int] | None = None) -> dict[str, int]:
+        """Requeue dead rows and wake the consumers of their partitions: the one replay path.
+        Returns the count requeued per partition."""
         counts: dict[str, int] = {}
-        for r in await conn.fetch(self._sql["replay_dead"], partition, since, until):
-            counts[r["partition"]] = counts.get(r["partition"], 0) + 1
+        async with conn.transaction():
+            rows = await conn.fetch(self._sql["replay_dead"], partition, since, until,
+                                    None if ids is None else list(ids))
+            for r in rows:
+                counts[r["partition"]] = counts.get(r["partition"], 0) + 1
+            if counts:
+                await conn.execute(self._sql["wake"], self.channel, sorted(counts))
         return counts
 
     async def stats(self, conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, PartitionStats]:
@@ -178,8 +203,18 @@ class Queue:
         return {r["partition"]: int(r["processing"]) for r in await conn.fetch(self._sql["in_flight"])}
 
 
-INBOX = Queue("hookline.inbox", "provider")
-OUTBOX = Queue("hookline.deliveries", "endpoint", order_key="aggregate_key")
+@contextlib.asynccontextmanager
+async def _connection(conn: asyncpg.Connection | asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    """One connection for a transaction: ``conn`` itself, or one taken from the pool."""
+    if isinstance(conn, asyncpg.Pool):
+        async with conn.acquire() as acquired:
+            yield acquired
+    else:
+        yield conn
+
+
+INBOX = Queue("hookline.inbox", "provider", "hookline_inbox", deferrable=True)
+OUTBOX = Queue("hookline.deliveries", "endpoint", "hookline_outbox", order_key="aggregate_key", retries_first=True)
 
 
 def truncate_error(message: str, secrets: Iterable[str] = (), limit: int = 2000) -> str:

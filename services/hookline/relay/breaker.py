@@ -9,8 +9,8 @@ States and transitions::
 
 Why a failure *rate* and not consecutive failures: an endpoint that fails half of
 its attempts is alive and must keep receiving, yet it strings five failures
-together every few dozen attempts. Why probes prefer retries (``claim_deliveries``
-in outbox.sql, which puts due retries first): a delivery that failed before and now
+together every few dozen attempts. Why probes prefer retries (the outbox's claim
+in queue.sql puts due retries first): a delivery that failed before and now
 succeeds is the best evidence of recovery, while a first attempt may fail for
 reasons of its own (an endpoint that refuses every message once). Why probes run one at a time and a failed probe
 re-opens at once: an endpoint that refuses every connection then costs one probe

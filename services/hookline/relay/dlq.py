@@ -28,9 +28,7 @@ async def dlq_outbox(conn: asyncpg.Connection, action: str, *, endpoint: str | N
         return lines
     if action != "replay":
         raise ValueError(f"unknown dlq action {action!r}")
-    async with conn.transaction():
-        counts = await OUTBOX.replay_dead(conn, endpoint, since, until)
-        await conn.execute("SELECT pg_notify('hookline_outbox', '')")
+    counts = await OUTBOX.replay_dead(conn, endpoint, since, until)
     if not counts:
         return ["no dead deliveries matched"]
     return [f"endpoint/{name}: requeued {n} dead deliveries" for name, n in sorted(counts.items())]

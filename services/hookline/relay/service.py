@@ -2,7 +2,7 @@
 
 Loop: for each enabled endpoint in turn, claim up to the free concurrency with the
 queue claim (one statement, SKIP LOCKED, leased, the attempt counted at claim; due
-retries first: ``claim_deliveries`` in outbox.sql), start a task per delivery, and
+retries first: ``claim`` in queue.sql), start a task per delivery, and
 when nothing is due sleep until a publish's NOTIFY or the poll interval. While an
 endpoint's circuit is open (``relay/breaker.py``) only its probes go out, one at a time.
 
@@ -263,9 +263,9 @@ class Relay(LeasedConsumer):
         return 1
 
     async def _claim(self, endpoint: Endpoint, limit: int) -> list[asyncpg.Record]:
-        """The queue claim, with due retries first (see claim_deliveries in outbox.sql for why)."""
-        return list(await self.pool.fetch(outbox.query("claim_deliveries"), endpoint.name, limit, self.worker_id,
-                                          float(self.lease_seconds), endpoint.ordered))
+        """The queue claim, with due retries first (see claim in queue.sql for why)."""
+        return await OUTBOX.claim(self.pool, endpoint.name, limit, self.worker_id, self.lease_seconds,
+                                  ordered=endpoint.ordered)
 
     async def _start_batch(self, endpoint: Endpoint, rows: list[asyncpg.Record], *, probe: bool = False) -> None:
         events = {r["id"]: r for r in await self.pool.fetch(

@@ -2,6 +2,11 @@
 -- hookline.outbox.query(name). Claiming, leases, retries, dead letters and
 -- replay are the shared queue mechanics in queue.sql (hookline.core.queue.OUTBOX).
 
+-- name: publish
+-- hookline.outbox.publish: the event as JSON text, cast here, so that it works
+-- with or without a jsonb codec on the caller's connection.
+SELECT hookline.publish($1, $2::text::jsonb, $3, $4, $5);
+
 -- name: insert_endpoint
 INSERT INTO hookline.endpoints (name, url, event_types, ordered, secrets, max_attempts, initial_delay_seconds,
                                 max_delay_seconds, timeout_seconds)
@@ -116,51 +121,6 @@ SELECT pg_notify('hookline_endpoints', 'circuit');
 -- name: release_probe
 -- A probe that found nothing due to send: the next delivery may probe at once.
 UPDATE hookline.endpoints SET circuit_open_until = NULL WHERE name = $1 AND circuit_state = 'half_open';
-
--- name: claim_deliveries
--- The relay's claim ($1 endpoint, $2 how many, $3 worker, $4 lease seconds, $5
--- ordered endpoint): the queue claim of queue.sql (oldest due first, SKIP LOCKED,
--- leased, the attempt counted at claim, suspects left to claim_suspect, ordered
--- endpoints one delivery per aggregate at a time) except that due RETRIES go
--- before first attempts. A delivery that failed before and now succeeds is the
--- best evidence that an endpoint works: a half-open circuit's probe ($2 = 1) is
--- a retry whenever one is due, and once the circuit closes the backlog of retries
--- goes out before the never-tried deliveries. An endpoint that refuses each
--- message's first attempt (and takes the retry) then fails about half of its
--- attempts, below the failure rate that opens the circuit, instead of failing
--- every attempt until the retries' turn comes. Retries are found through
--- deliveries_retry_idx; first attempts through deliveries_claimable_idx, only
--- for the room the retries left.
-WITH retry AS (
-    SELECT d.id FROM hookline.deliveries AS d
-    WHERE d.status = 'pending' AND d.endpoint = $1 AND d.next_attempt_at <= now() AND d.attempts > 0
-      AND NOT d.suspect
-      AND (NOT $5::boolean OR d.aggregate_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM hookline.deliveries AS older
-          WHERE older.endpoint = d.endpoint AND older.aggregate_key = d.aggregate_key AND older.id < d.id
-            AND older.status IN ('pending', 'processing', 'parked')))
-    ORDER BY d.next_attempt_at, d.id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), first_attempt AS (
-    SELECT d.id FROM hookline.deliveries AS d
-    WHERE d.status = 'pending' AND d.endpoint = $1 AND d.next_attempt_at <= now() AND d.attempts = 0
-      AND NOT d.suspect
-      AND (NOT $5::boolean OR d.aggregate_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM hookline.deliveries AS older
-          WHERE older.endpoint = d.endpoint AND older.aggregate_key = d.aggregate_key AND older.id < d.id
-            AND older.status IN ('pending', 'processing', 'parked')))
-    ORDER BY d.next_attempt_at, d.id
-    LIMIT greatest($2 - (SELECT count(*) FROM retry), 0)
-    FOR UPDATE SKIP LOCKED
-)
--- The ids as an array: joined to the union instead, the planner cannot tell its size
--- and hash-joins the whole deliveries table.
-UPDATE hookline.deliveries AS t
-SET status = 'processing', attempts = t.attempts + 1, locked_by = $3,
-    lease_expires_at = now() + make_interval(secs => $4)
-WHERE t.id = ANY (ARRAY(SELECT id FROM retry UNION ALL SELECT id FROM first_attempt))
-RETURNING t.*;
 
 -- name: undelivered_age
 -- Age of the oldest event each endpoint has not received yet (pending, in flight or parked).

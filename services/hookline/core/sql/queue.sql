@@ -1,6 +1,13 @@
--- The queue mechanics shared by the inbox (partition column: provider) and the
--- outbox deliveries (partition column: endpoint). {table} and {partition} are
--- filled in once per queue by hookline.core.queue; parameters stay parameters.
+-- The queue mechanics shared by the inbox (hookline.inbox, partition column
+-- provider) and the outbox deliveries (hookline.deliveries, partition column
+-- endpoint). The file is valid SQL as written, for the inbox: hookline.core.queue
+-- renders each statement once per queue through the template comments (see
+-- hookline.core.db): /* TEMPLATE: table */, /* TEMPLATE: partition */ and
+-- /* TEMPLATE: order_key */ name the table and columns; the optional parts are
+--   ordered         the ordered claim's filter (queues with an order key);
+--   retries_first   due retries claimed before first attempts (the outbox);
+--   deferrable      the deferral clock, cleared on completion (the inbox).
+-- Parameters stay parameters.
 --
 -- Lifecycle: pending -> processing (claimed, leased, attempts + 1) -> done | pending
 -- (retry, deferral, released lease) | dead. Attempts are counted at claim time, so
@@ -12,40 +19,62 @@
 -- that has nothing else in flight. "done" clears the mark.
 
 -- name: claim
--- One statement claims a batch: the CTE picks the oldest due rows of one
--- partition through the partial "claimable" index, skipping rows another worker
--- has locked this instant, and the UPDATE leases them to this worker.
--- Ordered queues add the ordered_claim_filter below to the WHERE clause.
--- Suspects are left to claim_suspect: they must run alone.
-WITH picked AS (
-    SELECT c.id FROM {table} AS c
-    WHERE c.status = 'pending' AND c.{partition} = $1 AND c.next_attempt_at <= now() AND NOT c.suspect
-      {claim_filter}
-    ORDER BY c.next_attempt_at, c.id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE {table} AS t
-SET status = 'processing',
-    attempts = t.attempts + 1,
-    locked_by = $3,
-    lease_expires_at = now() + make_interval(secs => $4)
-FROM picked
-WHERE t.id = picked.id
-RETURNING t.*;
-
--- name: ordered_claim_filter
--- For queues delivered in order per key (ordered outbox endpoints, key =
+-- One statement claims a batch of partition $1: up to $2 due rows, leased to
+-- worker $3 for $4 seconds. The `picked` CTE takes the oldest due rows through the
+-- partial "claimable" index, skipping rows another worker has locked this
+-- instant, and the UPDATE leases them. Suspects are left to claim_suspect: they
+-- must run alone. The ids go to the UPDATE as an array: joined to a CTE (or a
+-- union of two) the planner cannot tell its size and may hash-join the table.
+--
+-- ordered (queues delivered in order per key; ordered outbox endpoints, key =
 -- aggregate): a row is claimable only while no older row of the same partition
 -- and key is unfinished, so row n+1 is never sent before row n is done or dead,
 -- and other keys are not held up. Rows without a key are unordered. Two claimers
 -- racing see at worst the older row still unfinished (a snapshot can be behind,
 -- never ahead), so the check can only make a claim wait, not reorder. The NOT
 -- EXISTS is one probe into a partial index per candidate.
-AND (c.{order_key} IS NULL OR NOT EXISTS (
-    SELECT 1 FROM {table} AS older
-    WHERE older.{partition} = c.{partition} AND older.{order_key} = c.{order_key} AND older.id < c.id
-      AND older.status IN ('pending', 'processing', 'parked')))
+--
+-- retries_first (the outbox): due RETRIES go before first attempts. A delivery
+-- that failed before and now succeeds is the best evidence that an endpoint
+-- works: a half-open circuit's probe ($2 = 1) is a retry whenever one is due, and
+-- once the circuit closes the backlog of retries goes out before the never-tried
+-- deliveries. An endpoint that refuses each message's first attempt (and takes
+-- the retry) then fails about half of its attempts, below the failure rate that
+-- opens the circuit. Retries are found through the partial index of due retries
+-- (deliveries_retry_idx); first attempts through the claimable index, only for
+-- the room the retries left.
+WITH /* TEMPLATE_BEGIN: retries_first */retries AS (
+    SELECT c.id FROM /* TEMPLATE: table */hookline.inbox AS c
+    WHERE c.status = 'pending' AND c./* TEMPLATE: partition */provider = $1 AND c.next_attempt_at <= now()
+      AND c.attempts > 0 AND NOT c.suspect
+      /* TEMPLATE_BEGIN: ordered */AND (c./* TEMPLATE: order_key */entity_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM /* TEMPLATE: table */hookline.inbox AS older
+          WHERE older./* TEMPLATE: partition */provider = $1 AND older.id < c.id
+            AND older./* TEMPLATE: order_key */entity_key = c./* TEMPLATE: order_key */entity_key
+            AND older.status IN ('pending', 'processing', 'parked')))/* TEMPLATE_END */
+    ORDER BY c.next_attempt_at, c.id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), /* TEMPLATE_END */picked AS (
+    SELECT c.id FROM /* TEMPLATE: table */hookline.inbox AS c
+    WHERE c.status = 'pending' AND c./* TEMPLATE: partition */provider = $1 AND c.next_attempt_at <= now()
+      /* TEMPLATE_BEGIN: retries_first */AND c.attempts = 0 /* TEMPLATE_END */AND NOT c.suspect
+      /* TEMPLATE_BEGIN: ordered */AND (c./* TEMPLATE: order_key */entity_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM /* TEMPLATE: table */hookline.inbox AS older
+          WHERE older./* TEMPLATE: partition */provider = $1 AND older.id < c.id
+            AND older./* TEMPLATE: order_key */entity_key = c./* TEMPLATE: order_key */entity_key
+            AND older.status IN ('pending', 'processing', 'parked')))/* TEMPLATE_END */
+    ORDER BY c.next_attempt_at, c.id
+    LIMIT $2/* TEMPLATE_BEGIN: retries_first */ - (SELECT count(*) FROM retries)/* TEMPLATE_END */
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE /* TEMPLATE: table */hookline.inbox AS t
+SET status = 'processing',
+    attempts = t.attempts + 1,
+    locked_by = $3,
+    lease_expires_at = now() + make_interval(secs => $4)
+WHERE t.id = ANY (ARRAY(/* TEMPLATE_BEGIN: retries_first */SELECT id FROM retries UNION ALL /* TEMPLATE_END */SELECT id FROM picked))
+RETURNING t.*;
 
 -- name: claim_suspect
 -- One due suspect of any of the partitions $1 (with their lease lengths $2), for
@@ -57,13 +86,13 @@ AND (c.{order_key} IS NULL OR NOT EXISTS (
 WITH lease AS (
     SELECT * FROM unnest($1::text[], $2::float8[]) AS l(part, seconds)
 ), picked AS (
-    SELECT c.id, lease.seconds FROM {table} AS c JOIN lease ON c.{partition} = lease.part
+    SELECT c.id, lease.seconds FROM /* TEMPLATE: table */hookline.inbox AS c JOIN lease ON c./* TEMPLATE: partition */provider = lease.part
     WHERE c.status = 'pending' AND c.suspect AND c.next_attempt_at <= now()
     ORDER BY c.next_attempt_at, c.id
     LIMIT 1
     FOR UPDATE OF c SKIP LOCKED
 )
-UPDATE {table} AS t
+UPDATE /* TEMPLATE: table */hookline.inbox AS t
 SET status = 'processing',
     attempts = t.attempts + 1,
     locked_by = $3,
@@ -76,8 +105,8 @@ RETURNING t.*;
 -- Whether a suspect of the partitions $1 is due: a busy consumer asks this now
 -- and then, and drains (claims nothing new) until it can run the suspect alone.
 SELECT EXISTS (
-    SELECT 1 FROM {table}
-    WHERE status = 'pending' AND suspect AND {partition} = ANY($1::text[]) AND next_attempt_at <= now());
+    SELECT 1 FROM /* TEMPLATE: table */hookline.inbox
+    WHERE status = 'pending' AND suspect AND /* TEMPLATE: partition */provider = ANY($1::text[]) AND next_attempt_at <= now());
 
 -- name: extend_leases
 -- Heartbeat: extend this worker's leases and return the ids it has LOST (taken
@@ -85,15 +114,15 @@ SELECT EXISTS (
 -- this instant (a completion being written) are skipped, not lost; rows already
 -- done are finished, not lost.
 WITH mine AS (
-    SELECT id FROM {table}
+    SELECT id FROM /* TEMPLATE: table */hookline.inbox
     WHERE id = ANY($1::bigint[]) AND status = 'processing' AND locked_by = $2
     FOR UPDATE SKIP LOCKED
 ), extended AS (
-    UPDATE {table} AS t SET lease_expires_at = now() + make_interval(secs => $3)
+    UPDATE /* TEMPLATE: table */hookline.inbox AS t SET lease_expires_at = now() + make_interval(secs => $3)
     FROM mine WHERE t.id = mine.id
     RETURNING t.id
 )
-SELECT t.id FROM {table} AS t
+SELECT t.id FROM /* TEMPLATE: table */hookline.inbox AS t
 WHERE t.id = ANY($1::bigint[]) AND t.status <> 'done'
   AND NOT (t.status = 'processing' AND t.locked_by = $2);
 
@@ -101,22 +130,22 @@ WHERE t.id = ANY($1::bigint[]) AND t.status <> 'done'
 -- Batched completions: (id, attempts) pairs; a pair whose lease was lost is skipped.
 -- Inside a handler's transaction this is also the proof that the lease is still
 -- ours: no row back means another worker owns the event now, and we roll back.
-UPDATE {table} AS t
+UPDATE /* TEMPLATE: table */hookline.inbox AS t
 SET status = 'done', processed_at = now(), lease_expires_at = NULL, locked_by = NULL,
-    last_error = NULL, deferred_since = NULL, suspect = false
+    last_error = NULL/* TEMPLATE_BEGIN: deferrable */, deferred_since = NULL/* TEMPLATE_END */, suspect = false
 FROM unnest($1::bigint[], $2::integer[]) AS c(id, attempts)
 WHERE t.id = c.id AND t.attempts = c.attempts AND t.status = 'processing' AND t.locked_by = $3
 RETURNING t.id;
 
 -- name: retry
-UPDATE {table}
+UPDATE /* TEMPLATE: table */hookline.inbox
 SET status = 'pending', next_attempt_at = now() + make_interval(secs => $4), lease_expires_at = NULL,
     locked_by = NULL, last_error = $5
 WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
 RETURNING id;
 
 -- name: bury
-UPDATE {table}
+UPDATE /* TEMPLATE: table */hookline.inbox
 SET status = 'dead', processed_at = now(), lease_expires_at = NULL, locked_by = NULL, last_error = $4
 WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
 RETURNING id;
@@ -124,78 +153,76 @@ RETURNING id;
 -- name: release
 -- Give leases back without counting the attempt (shutdown before the work began,
 -- or a deferral: waiting for a predecessor is not a failure).
-UPDATE {table} AS t
+UPDATE /* TEMPLATE: table */hookline.inbox AS t
 SET status = 'pending', attempts = t.attempts - 1, lease_expires_at = NULL, locked_by = NULL,
     next_attempt_at = now() + make_interval(secs => $3)
 FROM unnest($1::bigint[]) AS r(id)
 WHERE t.id = r.id AND t.status = 'processing' AND t.locked_by = $2
 RETURNING t.id;
 
--- name: sweep_expired
--- The rescuer: leases that ran out go back to pending — or to dead once the
--- partition's maxAttempts is used up — with the attempt counted, and the same
--- backoff as a failed attempt. Policies come in as arrays (partition,
--- max_attempts, initial_delay, max_delay); unknown partitions get the defaults
--- $5..$7; $9 limits the sweep to one partition. Locked rows are skipped: a worker still holding its row lock is still
--- working on it. Every row taken back becomes a suspect (see claim_suspect), and
--- each gets its own random delay in the backoff window (random() is drawn per
--- row), so rows that were claimed together are not due together again. The old
--- holder is returned so that crashes can be counted per consumer.
-WITH policy AS (
-    SELECT * FROM unnest($1::text[], $2::integer[], $3::float8[], $4::float8[])
-        AS p(name, max_attempts, initial_delay, max_delay)
-), expired AS (
-    SELECT e.id, e.locked_by, e.attempts >= coalesce(p.max_attempts, $5) AS exhausted,
-           coalesce(p.initial_delay, $6) AS initial_delay, coalesce(p.max_delay, $7) AS max_delay
-    FROM (
-        SELECT id, {partition} AS part, attempts, locked_by FROM {table}
-        WHERE status = 'processing' AND lease_expires_at < now()
-          AND ($9::text IS NULL OR {partition} = $9)
-        ORDER BY lease_expires_at
-        LIMIT $8
-        FOR UPDATE SKIP LOCKED
-    ) AS e
-    LEFT JOIN policy AS p ON p.name = e.part
-)
-UPDATE {table} AS t
-SET status = CASE WHEN x.exhausted THEN 'dead' ELSE 'pending' END,
-    processed_at = CASE WHEN x.exhausted THEN now() END,
-    next_attempt_at = now() + make_interval(secs => x.initial_delay + random() * greatest(0,
-        least(x.max_delay, x.initial_delay * 2 ^ least(t.attempts - 1, 30)) - x.initial_delay)),
+-- name: lock_expired
+-- The rescuer, step one: rows whose lease ran out (oldest first, of one partition
+-- when $2 is not null), locked for this transaction. Locked rows are skipped: a
+-- worker still holding its row lock is still working on it. Queue.sweep_expired
+-- then decides each row's fate with the partition's RetryPolicy (the one backoff
+-- formula, in Python) and writes it with requeue_expired.
+SELECT id, /* TEMPLATE: partition */provider AS partition, attempts, locked_by FROM /* TEMPLATE: table */hookline.inbox
+WHERE status = 'processing' AND lease_expires_at < now()
+  AND ($2::text IS NULL OR /* TEMPLATE: partition */provider = $2)
+ORDER BY lease_expires_at
+LIMIT $1
+FOR UPDATE SKIP LOCKED;
+
+-- name: requeue_expired
+-- The rescuer, step two: each locked row (id $1) goes back to pending after its
+-- delay $3 — or to dead when $2 (its partition's maxAttempts is used up) — with the
+-- attempt counted. Every row taken back becomes a suspect (see claim_suspect).
+UPDATE /* TEMPLATE: table */hookline.inbox AS t
+SET status = CASE WHEN x.dead THEN 'dead' ELSE 'pending' END,
+    processed_at = CASE WHEN x.dead THEN now() END,
+    next_attempt_at = now() + make_interval(secs => x.delay),
     last_error = format('lease expired during attempt %s (worker %s died or stalled)', t.attempts, t.locked_by),
     lease_expires_at = NULL,
     locked_by = NULL,
     suspect = true
-FROM expired AS x
-WHERE t.id = x.id
-RETURNING t.id, t.{partition} AS partition, t.status, x.locked_by AS holder;
+FROM unnest($1::bigint[], $2::boolean[], $3::float8[]) AS x(id, dead, delay)
+WHERE t.id = x.id AND t.status = 'processing'
+RETURNING t.id;
 
 -- name: replay_dead
 -- Requeue dead rows (all, or one partition), optionally only those that died
--- within [since, until). Attempts restart so the retry policy applies afresh.
--- Suspects stay suspects: a replayed event that killed its consumers runs alone.
-UPDATE {table}
-SET status = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL, processed_at = NULL,
-    deferred_since = NULL
+-- within [since, until) or only the ids $4. Attempts restart so the retry policy
+-- applies afresh, and a deferral clock restarts too. Suspects stay suspects: a
+-- replayed event that killed its consumers runs alone. Queue.replay_dead wakes
+-- the consumers with `wake` in the same transaction.
+UPDATE /* TEMPLATE: table */hookline.inbox
+SET status = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL, processed_at = NULL
+    /* TEMPLATE_BEGIN: deferrable */, deferred_since = NULL/* TEMPLATE_END */
 WHERE status = 'dead'
-  AND ($1::text IS NULL OR {partition} = $1)
+  AND ($1::text IS NULL OR /* TEMPLATE: partition */provider = $1)
   AND ($2::timestamptz IS NULL OR processed_at >= $2)
   AND ($3::timestamptz IS NULL OR processed_at < $3)
-RETURNING id, {partition} AS partition;
+  AND ($4::bigint[] IS NULL OR id = ANY($4::bigint[]))
+RETURNING id, /* TEMPLATE: partition */provider AS partition;
+
+-- name: wake
+-- Wake the consumers of channel $1 for the partitions $2 (the payload names the
+-- partition; workers of other providers ignore it). Sent when the transaction commits.
+SELECT pg_notify($1, part) FROM unnest($2::text[]) AS part;
 
 -- name: stats
 -- Backlog per partition for metrics, status and autoscaling. Both filters match
 -- partial indexes (claimable, dead), so this reads indexes, not the table.
-SELECT {partition} AS partition,
+SELECT /* TEMPLATE: partition */provider AS partition,
        count(*) FILTER (WHERE status = 'pending') AS backlog,
        coalesce(extract(epoch FROM now() - min(next_attempt_at) FILTER (WHERE status = 'pending')), 0)
            AS oldest_pending_seconds,
        count(*) FILTER (WHERE status = 'dead') AS dead,
        count(*) FILTER (WHERE status = 'pending' AND suspect) AS suspects
-FROM {table}
+FROM /* TEMPLATE: table */hookline.inbox
 WHERE status IN ('pending', 'dead')
-GROUP BY {partition};
+GROUP BY /* TEMPLATE: partition */provider;
 
 -- name: in_flight
-SELECT {partition} AS partition, count(*) AS processing FROM {table}
-WHERE status = 'processing' GROUP BY {partition};
+SELECT /* TEMPLATE: partition */provider AS partition, count(*) AS processing FROM /* TEMPLATE: table */hookline.inbox
+WHERE status = 'processing' GROUP BY /* TEMPLATE: partition */provider;

@@ -1,0 +1,151 @@
+"""Every ``core/sql/*.sql`` file is valid SQL that Postgres plans: each statement as written
+(the template defaults), and each queue statement as rendered for the inbox and the outbox,
+EXPLAINed against the migrated schema. The claims read their partial indexes."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from hookline.core import db
+from support.queues import QUEUES, QueueCase
+
+SQL_FILES = sorted(f.name for f in importlib.resources.files("hookline.core").joinpath("sql").iterdir()
+                   if f.name.endswith(".sql"))
+
+# asyncpg sends statements with the extended protocol, which binds $n to values; EXPLAIN
+# (GENERIC_PLAN) must get the statement as plain text with its $n unbound, as EXECUTE does.
+GENERIC_PLAN = """
+CREATE FUNCTION pg_temp.generic_plan(statement text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE plan text;
+BEGIN
+    EXECUTE 'EXPLAIN (GENERIC_PLAN, FORMAT JSON) ' || statement INTO plan;
+    RETURN plan;
+END $$;
+"""
+
+# Tables shaped like a queue that has been running: mostly finished rows, a few due.
+RUNNING_QUEUES = """
+INSERT INTO hookline.inbox (provider, event_id, body, status, entity_key)
+SELECT 'p' || g % 10, 'evt_' || g, '\\x'::bytea, CASE WHEN g % 100 = 0 THEN 'pending' ELSE 'done' END, 'k' || g % 50
+FROM generate_series(1, 20000) AS g;
+INSERT INTO hookline.endpoints (name, url) SELECT 'p' || g, 'https://example.com/hook' FROM generate_series(0, 9) AS g;
+INSERT INTO hookline.outbox (event_id, event_type, payload)
+SELECT 'msg_' || g, 't', '{}' FROM generate_series(1, 20000) AS g;
+INSERT INTO hookline.deliveries (outbox_id, endpoint, status, aggregate_key)
+SELECT id, 'p' || id % 10, CASE WHEN id % 100 = 0 THEN 'pending' ELSE 'done' END, 'k' || id % 50
+FROM hookline.outbox;
+ANALYZE;
+"""
+
+
+@pytest.fixture
+async def planner(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        if conn.get_server_version().major < 16:
+            pytest.skip("EXPLAIN (GENERIC_PLAN) needs PostgreSQL 16 or later")
+        await conn.execute(GENERIC_PLAN)
+        await conn.execute(RUNNING_QUEUES)
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def explain(conn: asyncpg.Connection, sql: str, where: str) -> list[dict[str, Any]]:
+    try:
+        plan: list[dict[str, Any]] = json.loads(await conn.fetchval("SELECT pg_temp.generic_plan($1)", sql))
+    except asyncpg.PostgresError as exc:
+        raise AssertionError(f"{where} does not plan: {exc}\n{sql}") from None
+    return plan
+
+
+def nodes(plan: object) -> list[dict[str, Any]]:
+    """Every plan node, depth first."""
+    if isinstance(plan, list):
+        return [n for item in plan for n in nodes(item)]
+    if not isinstance(plan, dict):
+        return []
+    found = [plan] if "Node Type" in plan else []
+    return found + [n for value in plan.values() if isinstance(value, (list, dict)) for n in nodes(value)]
+
+
+async def test_every_statement_as_written_plans(planner: asyncpg.Connection) -> None:
+    planned = 0
+    for filename in SQL_FILES:
+        statements = db.statements(filename)
+        assert statements, f"{filename} has no '-- name:' statements"
+        for name, sql in statements.items():
+            await explain(planner, sql, f"{name} in {filename}")
+            planned += 1
+    assert planned > 50
+
+
+@pytest.mark.parametrize("case", QUEUES, ids=[q.name for q in QUEUES])
+async def test_every_queue_statement_plans_as_rendered(planner: asyncpg.Connection, case: QueueCase) -> None:
+    rendered = case.queue.statements()
+    other_tables = {q.queue.table for q in QUEUES} - {case.queue.table}
+    assert set(db.statements("queue.sql")) <= set(rendered)
+    for name, sql in rendered.items():
+        assert "TEMPLATE" not in sql, f"{name} for the {case.name} kept a template marker"
+        assert not any(t in sql for t in other_tables), f"{name} for the {case.name} names another queue's table"
+        await explain(planner, sql, f"{name} for the {case.name}")
+
+
+CLAIM_INDEXES = {
+    ("inbox", "claim"): {"inbox_claimable_idx"},
+    ("inbox", "claim_suspect"): {"inbox_suspect_idx"},
+    # Due retries first, through their own partial index; then first attempts.
+    ("outbox", "claim"): {"deliveries_retry_idx", "deliveries_claimable_idx"},
+    ("outbox", "claim_ordered"): {"deliveries_retry_idx", "deliveries_claimable_idx",
+                                  "deliveries_unfinished_aggregate_idx"},
+    ("outbox", "claim_suspect"): {"deliveries_suspect_idx"},
+}
+
+
+@pytest.mark.parametrize(("queue", "statement"), sorted(CLAIM_INDEXES))
+async def test_claims_read_their_partial_indexes(planner: asyncpg.Connection, queue: str, statement: str) -> None:
+    case = next(q for q in QUEUES if q.name == queue)
+    plan = nodes(await explain(planner, case.queue.sql(statement), f"{statement} for the {queue}"))
+    used = {n["Index Name"] for n in plan if "Index Name" in n}
+    assert CLAIM_INDEXES[queue, statement] <= used, f"{statement} for the {queue} uses {used}"
+    scanned = [n.get("Relation Name") for n in plan if n["Node Type"] == "Seq Scan"]
+    assert not scanned, f"{statement} for the {queue} reads whole tables: {scanned}"
+
+
+def test_templates_render_sections_and_markers() -> None:
+    sql = ("SELECT /* TEMPLATE: column */provider FROM /* TEMPLATE: table */hookline.inbox WHERE true"
+           "/* TEMPLATE_BEGIN: recent */ AND received_at > now() - interval '1 day'"
+           "/* TEMPLATE_BEGIN: mine */ AND locked_by = $1/* TEMPLATE_END *//* TEMPLATE_END */")
+    values: dict[str, db.TemplateValue] = {"column": "endpoint", "table": "hookline.deliveries",
+                                           "recent": True, "mine": False}
+    assert db.render(sql, values) == ("SELECT endpoint FROM hookline.deliveries WHERE true"
+                                      " AND received_at > now() - interval '1 day'")
+    assert db.render(sql, {**values, "recent": False, "mine": True}) == (
+        "SELECT endpoint FROM hookline.deliveries WHERE true")
+    assert db.render("SELECT pg_notify(/* TEMPLATE: channel */'a', '')", {"channel": "'b'"}) == (
+        "SELECT pg_notify('b', '')")
+
+
+@pytest.mark.parametrize(("sql", "values", "error", "message"), [
+    ("SELECT /* TEMPLATE: table */t", {}, KeyError, "needs the template value 'table'"),
+    ("SELECT /* TEMPLATE: table */t", {"table": "t; DROP TABLE x"}, ValueError, "not an identifier"),
+    ("SELECT /* TEMPLATE: table */t", {"table": True}, ValueError, "not an identifier"),
+    ("SELECT 1/* TEMPLATE_BEGIN: extra */, 2/* TEMPLATE_END */", {"extra": "yes"}, TypeError, "true or false"),
+    ("SELECT /* TEMPLATE:table */t", {"table": "u"}, ValueError, "malformed"),
+    ("SELECT 1/* TEMPLATE_BEGIN: extra */, 2", {"extra": True}, ValueError, "malformed"),
+])
+def test_template_mistakes_fail_clearly(sql: str, values: dict[str, db.TemplateValue], error: type[Exception],
+                                        message: str) -> None:
+    with pytest.raises(error, match=message):
+        db.render(sql, values)
+
+
+def test_unknown_statement_names_its_file() -> None:
+    with pytest.raises(KeyError, match=r"no query named 'nope' in hookline/core/sql/queue\.sql"):
+        db.query("nope", "queue.sql")
