@@ -83,8 +83,8 @@ async def main() -> None:
     database = BenchDatabase()
     url = await database.start()
     try:
-        from hookline.commands import apply_providers
         from hookline.core import db
+        from hookline.core.providers import apply_providers
 
         conn = await db.connect(url)
         await apply_providers(conn, PROVIDER)

@@ -412,7 +412,7 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "n/a"
 
 
-def parse_args() -> argparse.Namespace:
+async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=100_000, help="rows/jobs preloaded per drain (default 100000)")
     parser.add_argument("--quick", action="store_true", help="20,000 events and a 5 s latency run")
@@ -430,27 +430,23 @@ def parse_args() -> argparse.Namespace:
     if args.quick:
         args.events = min(args.events, 20_000)
         args.latency_seconds = min(args.latency_seconds, 5.0)
-    return args
+    # The worker processes import benchmarks.handlers; they run from the repo root.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    os.chdir(REPO)
 
-
-@dataclass(frozen=True)
-class Results:
-    plain: Drain  # hookline, handler(event)
-    tx: Drain  # hookline, handler(event, conn)
-    ceiling: Ceiling
-    peers: list[tuple[peers.Peer, Drain | str]]  # a peer's drain, or why it was not measured
-    latencies: dict[str, Latency]  # by provider: "latency", "latency-tx"
-
-
-async def measure(url: str, database: BenchDatabase, args: argparse.Namespace, work: Path) -> Results:
-    """Every run, one after the other on the one Postgres, logging each result as it comes."""
-    from hookline.commands import apply_providers
-    from hookline.core import db
-
-    conn = await db.connect(url)
+    database = BenchDatabase()
+    url = await database.start()
+    work = Path(database.tmp.name)
+    lines: list[str] = []
     try:
+        from hookline.core import db
+        from hookline.core.providers import apply_providers
+
+        conn = await db.connect(url)
         await apply_providers(conn, PROVIDERS)
-        log(f"hookline no-op drain of {args.events:,} events ({shape(args)})")
+        shape = f"{args.processes} processes x concurrency {args.concurrency}"
+
+        log(f"hookline no-op drain of {args.events:,} events ({shape})")
         plain = await run_hookline(conn, url, "noop", args, work)
         log(f"  {plain.rate:,.0f} events/s")
         log("hookline transactional no-op drain")
@@ -460,78 +456,52 @@ async def measure(url: str, database: BenchDatabase, args: argparse.Namespace, w
         ceiling = await run_ceiling(conn, url, args)
         log(f"  {ceiling.rate:,.0f} events/s")
         peer_results: list[tuple[peers.Peer, Drain | str]] = []
-        for peer in [] if args.no_peers else peers.PEERS:
-            log(f"{peer.name} drain")
-            result = await run_peer(peer, database, args, work)
-            log(f"  {result.rate:,.0f} jobs/s" if isinstance(result, Drain) else f"  {result}")
-            peer_results.append((peer, result))
+        if not args.no_peers:
+            for peer in peers.PEERS:
+                log(f"{peer.name} drain")
+                result = await run_peer(peer, database, args, work)
+                log(f"  {result.rate:,.0f} jobs/s" if isinstance(result, Drain) else f"  {result}")
+                peer_results.append((peer, result))
         latencies: dict[str, Latency] = {}
         for provider in ("latency", "latency-tx"):
             log(f"{provider}: {args.latency_rate:g} events/s for {args.latency_seconds:g} s through the receiver")
             latencies[provider] = await run_latency(conn, url, provider, args, work)
             log(f"  p50 {latencies[provider].p50_ms:.1f} ms")
-    finally:
         await conn.close()
-    return Results(plain, tx, ceiling, peer_results, latencies)
 
-
-def shape(args: argparse.Namespace) -> str:
-    return f"{args.processes} processes x concurrency {args.concurrency}"
-
-
-def report(results: Results, args: argparse.Namespace) -> list[str]:
-    """The summary lines: each run, its ratio to the ceiling and to each peer, and the latencies."""
-    plain, tx, ceiling = results.plain, results.tx, results.ceiling
-    clients = args.ceiling_clients or args.processes
-    lines = [
-        f"hookline worker, no-op handler (event):         {plain.rate:>9,.0f} events/s  "
-        f"({plain.describe('events')}; {shape(args)})",
-        f"hookline worker, no-op handler (event, conn):   {tx.rate:>9,.0f} events/s  "
-        f"({tx.describe('events')})",
-        f"ceiling, pgbench claim+complete (same SQL):     {ceiling.rate:>9,.0f} events/s  "
-        f"({ceiling.tps:,.0f} tps x batch {args.concurrency}, {clients} clients, "
-        f"{ceiling.done:,} rows done in {ceiling.transactions:,} transactions)",
-        f"  ratio hookline/ceiling: {plain.rate / ceiling.rate:.2f} (target >= 0.70); "
-        f"transactional handler {tx.rate / ceiling.rate:.2f}",
-    ]
-    for peer, result in results.peers:
-        lines += peer_lines(peer, result, results, args)
-    lines.append(f"latency, receiver 200 -> handler start, {args.latency_rate:g} events/s for "
-                 f"{args.latency_seconds:g} s (target p50 <= 20 ms):")
-    for provider, label in (("latency", "handler (event)"), ("latency-tx", "handler (event, conn)")):
-        lat = results.latencies[provider]
-        lines.append(f"  {label + ':':<24}p50 {lat.p50_ms:6.1f} ms, p99 {lat.p99_ms:6.1f} ms, "
-                     f"max {lat.max_ms:6.1f} ms ({lat.handled}/{lat.sent} handled, {lat.non_200} non-200)")
-    return lines
-
-
-def peer_lines(peer: peers.Peer, result: Drain | str, results: Results, args: argparse.Namespace) -> list[str]:
-    if not isinstance(result, Drain):
-        return [f"{peer.name}: not measured: {result}"]
-    label = f"{peer.name} {peers.version(peer.package)}"
-    target = ">= 1.2" if peer.package == "pgqueuer" else "> 1.0"
-    return [
-        f"{label + ', no-op job:':<48}{result.rate:>9,.0f} jobs/s    ({result.describe('jobs')}; {shape(args)})",
-        f"  ratio hookline/{peer.name}: {ratio(results.plain.rate, result.rate)} (target {target}x); "
-        f"transactional handler {ratio(results.tx.rate, result.rate)}",
-    ]
-
-
-async def main() -> None:
-    args = parse_args()
-    # The worker processes import benchmarks.handlers; they run from the repo root.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    os.chdir(REPO)
-    database = BenchDatabase()
-    url = await database.start()
-    try:
-        results = await measure(url, database, args, Path(database.tmp.name))
+        lines.append(f"hookline worker, no-op handler (event):         {plain.rate:>9,.0f} events/s  "
+                     f"({plain.describe('events')}; {shape})")
+        lines.append(f"hookline worker, no-op handler (event, conn):   {tx.rate:>9,.0f} events/s  "
+                     f"({tx.describe('events')})")
+        clients = args.ceiling_clients or args.processes
+        lines.append(f"ceiling, pgbench claim+complete (same SQL):     {ceiling.rate:>9,.0f} events/s  "
+                     f"({ceiling.tps:,.0f} tps x batch {args.concurrency}, {clients} clients, "
+                     f"{ceiling.done:,} rows done in {ceiling.transactions:,} transactions)")
+        lines.append(f"  ratio hookline/ceiling: {plain.rate / ceiling.rate:.2f} (target >= 0.70); "
+                     f"transactional handler {tx.rate / ceiling.rate:.2f}")
+        for peer, result in peer_results:
+            label = f"{peer.name} {peers.version(peer.package) if isinstance(result, Drain) else ''}".strip()
+            if isinstance(result, Drain):
+                lines.append(f"{label + ', no-op job:':<48}{result.rate:>9,.0f} jobs/s    "
+                             f"({result.describe('jobs')}; {shape})")
+                target = ">= 1.2" if peer.package == "pgqueuer" else "> 1.0"
+                lines.append(f"  ratio hookline/{peer.name}: {ratio(plain.rate, result.rate)} (target {target}x); "
+                             f"transactional handler {ratio(tx.rate, result.rate)}")
+            else:
+                lines.append(f"{peer.name}: not measured: {result}")
+        lines.append(f"latency, receiver 200 -> handler start, {args.latency_rate:g} events/s for "
+                     f"{args.latency_seconds:g} s (target p50 <= 20 ms):")
+        for provider, label in (("latency", "handler (event)"), ("latency-tx", "handler (event, conn)")):
+            lat = latencies[provider]
+            lines.append(f"  {label + ':':<24}p50 {lat.p50_ms:6.1f} ms, p99 {lat.p99_ms:6.1f} ms, "
+                         f"max {lat.max_ms:6.1f} ms ({lat.handled}/{lat.sent} handled, {lat.non_200} non-200)")
     finally:
         database.stop()
     print()
     print("$ " + " ".join([Path(sys.executable).name, "-m", "benchmarks.worker", *sys.argv[1:]]))
-    for line in report(results, args):
+    for line in lines:
         print(line)
+
 
 if __name__ == "__main__":
     asyncio.run(main())

@@ -1,4 +1,5 @@
-"""What each ``hookline`` subcommand does (argument parsing lives in cli.py)."""
+"""Each ``hookline`` subcommand: its arguments handed to the code that does the work, and the
+answer printed (argument parsing lives in cli.py; the domain operations in core/, worker/, relay/)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from hookline.core import db, migrations, pools, providers
+from hookline.core.dedicated import DedicatedConnection
 from hookline.core.http import run_until_stopped
+from hookline.core.listener import Listener
 from hookline.core.providers import SpecError
-from hookline.core.signatures import get_scheme
 
 if TYPE_CHECKING:
     from hookline.receiver.app import ReceiverLimits
@@ -41,44 +43,6 @@ async def migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-async def apply_providers(conn: asyncpg.Connection, text: str) -> list[str]:
-    """Validate every document first, then store them all in one transaction.
-
-    Returns lines to show the user. A document without ``signature.secrets`` keeps the
-    provider's stored secrets, or gets a generated one (shown once) when it has none.
-    """
-    docs = providers.load_documents(text)
-    if not docs:
-        raise SpecError("the file holds no WebhookProvider documents")
-    report: list[str] = []
-    async with conn.transaction():
-        for name, raw_spec in docs:
-            spec, secrets = providers.split_file_secrets(raw_spec)
-            scheme = spec.get("signature", {}).get("scheme") if isinstance(spec.get("signature"), dict) else None
-            if secrets is None:
-                existing = await conn.fetchval(db.query("get_provider_secrets"), name)
-                if existing:
-                    stored = list(existing)
-                elif scheme in (None, "none"):
-                    stored = []
-                else:
-                    value = get_scheme(scheme).generate_secret()
-                    stored = [{"value": value, "notAfter": None}]
-                    report.append(f"{name}: generated secret (shown once): {value}")
-            else:
-                stored = [{"value": s, "notAfter": None} for s in secrets]
-            try:
-                providers.parse_provider(name, spec, providers.active_secrets(stored))
-            except SpecError as exc:
-                raise SpecError(f"{name}: {exc}") from None
-            destination_secret = await providers.upsert(conn, name, spec, stored)
-            report.append(f"provider/{name} applied")
-            if destination_secret and spec.get("destination"):
-                report.append(f"{name}: destination calls are signed (Standard Webhooks) with this secret, "
-                              f"shown once: {destination_secret}")
-    return report
-
-
 async def providers_cmd(args: argparse.Namespace) -> int:
     conn = await _connect()
     try:
@@ -88,7 +52,7 @@ async def providers_cmd(args: argparse.Namespace) -> int:
             except OSError as exc:
                 return _fail(f"cannot read {args.filename}: {exc.strerror}")
             try:
-                for line in await apply_providers(conn, text):
+                for line in await providers.apply_providers(conn, text):
                     print(line)
             except SpecError as exc:
                 return _fail(f"{args.filename}: {exc} (nothing was applied)")
@@ -130,9 +94,12 @@ async def receiver(args: argparse.Namespace) -> int:
     from hookline.core.providers import ProviderRegistry
     from hookline.receiver.app import Receiver
 
-    size = pools.receiver(args.db_connections)
+    # The registry's LISTEN connection is the listener's, outside the pool; the total stays pools.receiver.
+    size = pools.receiver(args.db_connections) - 1
     pool = await db.create_pool(min_size=size, max_size=size, lean=True)
-    registry = ProviderRegistry(pool)
+    listener = Listener(DedicatedConnection())
+    await listener.start()
+    registry = ProviderRegistry(pool, listener=listener)
     await registry.start()
     service = Receiver(pool, registry, args.host, args.port, receiver_limits(args), max_batch=args.max_batch,
                        window=args.batch_window_ms / 1000, flushers=args.db_connections)
@@ -140,6 +107,7 @@ async def receiver(args: argparse.Namespace) -> int:
     async def stop() -> None:
         await service.stop()
         await registry.stop()
+        await listener.stop()
         await pool.close()
 
     await run_until_stopped(service.start, stop)
@@ -148,41 +116,38 @@ async def receiver(args: argparse.Namespace) -> int:
 
 async def worker(args: argparse.Namespace) -> int:
     from hookline.core.http import ops_app, serve
-    from hookline.core.maintenance import LeaseSweeper
+    from hookline.core.maintenance import inbox_maintainer
     from hookline.core.providers import ProviderRegistry
-    from hookline.worker.service import StatsReporter, Worker
+    from hookline.worker.service import Worker
 
     if args.concurrency < 1:
         return _fail("--concurrency must be at least 1")
-    # Connections open as load asks for them (an idle worker holds a few), up to the size
-    # the operator's connection budget counts per worker pod.
-    pool = await db.create_pool(min_size=2, max_size=pools.worker(args.concurrency), lean=True)
-    registry = ProviderRegistry(pool)
+    # Connections open as load asks for them (an idle worker holds a few), up to the size the operator's
+    # connection budget counts per worker pod: the pool, the shared LISTEN and the maintenance leader's lock.
+    pool = await db.create_pool(min_size=2, max_size=pools.worker(args.concurrency) - 2, lean=True)
+    listener = Listener(DedicatedConnection())
+    await listener.start()
+    registry = ProviderRegistry(pool, listener=listener)
     await registry.start()
     unknown = [n for n in args.providers or [] if registry.get(n) is None]
     if unknown:
         # Not fatal: the provider may be applied later; the worker picks it up then.
         print(f"hookline: warning: no provider named {', '.join(unknown)} yet; waiting for it", file=sys.stderr)
     service = Worker(pool, registry, providers=args.providers, concurrency=args.concurrency,
-                     poll_interval=args.poll_interval, grace_period=args.grace_period,
-                     batch_seconds=args.batch_seconds)
-    stats = StatsReporter(pool, registry)
-    sweeper = LeaseSweeper(pool, lambda: {n: p.retry for n, p in registry.all().items()}) if args.sweep else None
+                     poll_interval=args.poll_interval, grace_period=args.grace_period, listener=listener)
+    maintainer = inbox_maintainer(pool, registry, DedicatedConnection(), sweep=args.sweep)
     runner = await serve(ops_app(pool), args.host, args.port)
 
     async def start() -> None:
         await service.start()
-        await stats.start()
-        if sweeper:
-            await sweeper.start()
+        await maintainer.start()
 
     async def stop() -> None:
         await service.stop()
-        if sweeper:
-            await sweeper.stop()
-        await stats.stop()
+        await maintainer.stop()
         await runner.cleanup()
         await registry.stop()
+        await listener.stop()
         await pool.close()
 
     await run_until_stopped(start, stop)
@@ -190,6 +155,9 @@ async def worker(args: argparse.Namespace) -> int:
 
 
 async def dlq(args: argparse.Namespace) -> int:
+    from hookline.relay.dlq import dlq_outbox
+    from hookline.worker.dlq import dlq_inbox
+
     outbox_side = args.endpoint or args.since or args.until
     if outbox_side and (args.provider or getattr(args, "event_type", None)):
         return _fail("--provider/--event-type select inbox events; --endpoint/--since/--until select outbox "
@@ -197,29 +165,15 @@ async def dlq(args: argparse.Namespace) -> int:
     conn = await _connect()
     try:
         if outbox_side:
-            from hookline.relay.dlq import dlq_outbox
-
-            for line in await dlq_outbox(conn, args.action, endpoint=args.endpoint, since=args.since,
-                                         until=args.until, limit=getattr(args, "limit", 50)):
-                print(line)
-        elif args.action == "list":
-            rows = await conn.fetch(db.query("list_dead"), args.provider, args.limit)
-            print(f"{'PROVIDER':<16} {'EVENT ID':<36} {'TYPE':<28} {'ATTEMPTS':>8}  DIED AT                    ERROR")
-            for r in rows:
-                died = r["processed_at"].isoformat(timespec="seconds") if r["processed_at"] else "-"
-                print(f"{r['provider']:<16} {r['event_id']:<36} {(r['event_type'] or '-'):<28} "
-                      f"{r['attempts']:>8}  {died:<26} {(r['last_error'] or '')[:100]}")
+            lines = await dlq_outbox(conn, args.action, endpoint=args.endpoint, since=args.since,
+                                     until=args.until, limit=getattr(args, "limit", 50))
         else:
-            rows = await conn.fetch(db.query("replay_dead_inbox"), args.provider, args.event_type)
-            counts: dict[str, int] = {}
-            for r in rows:
-                counts[r["provider"]] = counts.get(r["provider"], 0) + 1
-            if not counts:
-                print("no dead events matched")
-            for name, n in sorted(counts.items()):
-                print(f"{name}: requeued {n} dead event(s)")
+            lines = await dlq_inbox(conn, args.action, provider=args.provider,
+                                    event_type=getattr(args, "event_type", None), limit=getattr(args, "limit", 50))
     finally:
         await conn.close()
+    for line in lines:
+        print(line)
     return 0
 
 
@@ -236,17 +190,25 @@ async def relay(args: argparse.Namespace) -> int:
     if problems := breaker.problems():
         return _fail("; ".join(problems))
     allow_private = args.allow_private_networks or env_flag("HOOKLINE_ALLOW_PRIVATE_NETWORKS")
-    pool = await db.create_pool(max_size=pools.relay(args.concurrency))
+    # The pool, the LISTEN connection and the maintenance leader's lock: pools.relay in all.
+    pool = await db.create_pool(max_size=pools.relay(args.concurrency) - 2)
+    listener = Listener(DedicatedConnection())
     service = Relay(pool, concurrency=args.concurrency, allow_private_networks=allow_private,
                     host=args.host, port=args.port, poll_interval=args.poll_interval,
                     lease_seconds=args.lease_seconds, grace_period=args.grace_period,
-                    retention_hours=args.retention_hours, breaker=breaker)
+                    retention_hours=args.retention_hours, breaker=breaker, listener=listener,
+                    leader_connection=DedicatedConnection())
+
+    async def start() -> None:
+        await listener.start()
+        await service.start()
 
     async def stop() -> None:
         await service.stop()
+        await listener.stop()
         await pool.close()
 
-    await run_until_stopped(service.start, stop)
+    await run_until_stopped(start, stop)
     return 0
 
 

@@ -15,9 +15,11 @@ from typing import Protocol
 
 from hookline.core import db, migrations
 from hookline.core.config import ConfigError
+from hookline.core.dedicated import DedicatedConnection
 from hookline.core.embedded import EmbeddedPostgres, free_port
 from hookline.core.http import run_until_stopped
-from hookline.core.providers import Provider, ProviderRegistry, SpecError
+from hookline.core.listener import Listener
+from hookline.core.providers import Provider, ProviderRegistry, SpecError, apply_providers
 from hookline.core.signatures import get_scheme
 
 log = logging.getLogger("hookline.dev")
@@ -65,13 +67,71 @@ def curl_example(receiver_url: str, provider: Provider) -> str | None:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-async def run_dev(args: argparse.Namespace) -> int:
-    from hookline.commands import apply_providers
-    from hookline.core.maintenance import LeaseSweeper
+async def _prepare_database(url: str, providers_file: Path | None) -> None:
+    """Migrate, then apply the providers file (the example one when none is given)."""
+    conn = await db.connect(url)
+    try:
+        await migrations.migrate(conn)
+        if providers_file:
+            text = await asyncio.to_thread(providers_file.read_text)
+        else:
+            text = importlib.resources.files("hookline.examples").joinpath("providers.yaml").read_text()
+        try:
+            for line in await apply_providers(conn, text):
+                print(line, flush=True)
+        except SpecError as exc:
+            raise ConfigError(f"{providers_file or 'example providers'}: {exc}") from None
+    finally:
+        await conn.close()
+
+
+def _print_welcome(receiver_url: str, database_url: str, registry: ProviderRegistry) -> None:
+    print(f"\nHookline is running.\n  receiver:  {receiver_url}/webhooks/<provider>\n"
+          f"  database:  {database_url}\n  metrics:   {receiver_url}/metrics\n", flush=True)
+    for provider in registry.all().values():
+        example = curl_example(receiver_url, provider)
+        if example:
+            print(f"Send a signed test event to '{provider.name}' (valid for "
+                  f"{provider.signature.tolerance_seconds} s):\n  {example}\n", flush=True)
+    print("Press Ctrl-C to stop.", flush=True)
+
+
+async def _run_stack(args: argparse.Namespace, url: str) -> None:
+    """Receiver, worker, relay and their housekeeping on one pool and one LISTEN connection."""
+    from hookline.core.maintenance import inbox_maintainer
     from hookline.receiver.app import Receiver
     from hookline.relay.service import Relay
-    from hookline.worker.service import StatsReporter, Worker
+    from hookline.worker.service import Worker
 
+    pool = await db.create_pool(url, max_size=36, lean=True)
+    listener = Listener(DedicatedConnection(url))
+    await listener.start()
+    registry = ProviderRegistry(pool, listener=listener)
+    await registry.start()
+    services: list[Service] = [
+        Receiver(pool, registry, args.host, args.port),
+        Worker(pool, registry, concurrency=8, listener=listener),
+        Relay(pool, allow_private_networks=True, concurrency=16, listener=listener,
+              leader_connection=DedicatedConnection(url)),
+        inbox_maintainer(pool, registry, DedicatedConnection(url), sweep=True),
+    ]
+
+    async def start() -> None:
+        for service in services:
+            await service.start()
+        _print_welcome(f"http://{args.host}:{args.port}", url, registry)
+
+    async def stop() -> None:
+        for service in reversed(services):
+            await service.stop()
+        await registry.stop()
+        await listener.stop()
+        await pool.close()
+
+    await run_until_stopped(start, stop)
+
+
+async def run_dev(args: argparse.Namespace) -> int:
     data_dir: Path = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     server = EmbeddedPostgres(data_dir, port=_stable_port(data_dir))
@@ -80,53 +140,8 @@ async def run_dev(args: argparse.Namespace) -> int:
     try:
         await _ensure_database(server.url)
         url = server.url_for(DATABASE)
-        conn = await db.connect(url)
-        try:
-            await migrations.migrate(conn)
-            if args.providers:
-                text = await asyncio.to_thread(args.providers.read_text)
-            else:
-                text = importlib.resources.files("hookline.examples").joinpath("providers.yaml").read_text()
-            try:
-                for line in await apply_providers(conn, text):
-                    print(line, flush=True)
-            except SpecError as exc:
-                raise ConfigError(f"{args.providers or 'example providers'}: {exc}") from None
-        finally:
-            await conn.close()
-
-        pool = await db.create_pool(url, max_size=36, lean=True)
-        registry = ProviderRegistry(pool)
-        await registry.start()
-        receiver = Receiver(pool, registry, args.host, args.port)
-        services: list[Service] = [
-            receiver,
-            Worker(pool, registry, concurrency=8),
-            Relay(pool, allow_private_networks=True, concurrency=16),
-            LeaseSweeper(pool, lambda: {n: p.retry for n, p in registry.all().items()}),
-            StatsReporter(pool, registry),
-        ]
-
-        async def start() -> None:
-            for service in services:
-                await service.start()
-            receiver_url = f"http://{args.host}:{args.port}"
-            print(f"\nHookline is running.\n  receiver:  {receiver_url}/webhooks/<provider>\n"
-                  f"  database:  {url}\n  metrics:   {receiver_url}/metrics\n", flush=True)
-            for provider in registry.all().values():
-                example = curl_example(receiver_url, provider)
-                if example:
-                    print(f"Send a signed test event to '{provider.name}' (valid for "
-                          f"{provider.signature.tolerance_seconds} s):\n  {example}\n", flush=True)
-            print("Press Ctrl-C to stop.", flush=True)
-
-        async def stop() -> None:
-            for service in reversed(services):
-                await service.stop()
-            await registry.stop()
-            await pool.close()
-
-        await run_until_stopped(start, stop)
+        await _prepare_database(url, args.providers)
+        await _run_stack(args, url)
     finally:
         await asyncio.to_thread(server.stop)
         print("stopped.", flush=True)

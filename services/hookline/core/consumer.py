@@ -2,8 +2,8 @@
 
 Both do the same thing with different rows: claim leased rows partition by
 partition, run one task per row, keep the leases alive while the tasks run,
-wake up on NOTIFY (polling as the fallback), and on shutdown stop claiming, let
-in-flight tasks finish within a grace period, and hand back the leases of the
+wake up on NOTIFY (the process's ``core/listener.py``; polling as the fallback),
+and on shutdown stop claiming, let in-flight tasks finish within a grace period, and hand back the leases of the
 rest. Subclasses say what a claim round is (``claim_round``) and call ``spawn``
 for each claimed row.
 
@@ -37,6 +37,8 @@ from typing import Any
 import asyncpg
 
 from hookline.core import metrics
+from hookline.core.dedicated import DedicatedConnection
+from hookline.core.listener import Listener, Subscription
 from hookline.core.queue import Queue
 
 log = logging.getLogger(__name__)
@@ -47,11 +49,15 @@ SUSPECT_CHECK_INTERVAL = 1.0  # seconds between "is a suspect due?" probes (one 
 class LeasedConsumer(ABC):
     def __init__(self, pool: asyncpg.Pool, queue: Queue, *, worker_id: str, channels: tuple[str, ...],
                  concurrency: int, poll_interval: float, grace_period: float, refill: int = 1,
-                 completion_overlap: int = 0) -> None:
+                 completion_overlap: int = 0, listener: Listener | None = None) -> None:
         self.pool = pool
         self.queue = queue
         self.worker_id = worker_id
         self.channels = channels
+        # The process's shared LISTEN connection; without one the consumer runs its own.
+        self._own_listener = listener is None
+        self.listener = listener or Listener(DedicatedConnection(pool))
+        self._subscription: Subscription | None = None
         self.concurrency = concurrency
         self.poll_interval = poll_interval
         self.grace_period = grace_period
@@ -142,9 +148,12 @@ class LeasedConsumer(ABC):
         self.on_finished(id, entry[2] if entry else "", task)
 
     async def start_loops(self) -> None:
+        # After a LISTEN reconnect notifications may have been missed: look at once.
+        self._subscription = await self.listener.subscribe(self.channels, self._notified, self.wake)
+        if self._own_listener:
+            await self.listener.start()
         self._loops = [asyncio.create_task(self._claim_loop(), name="claim"),
                        asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
-                       asyncio.create_task(self._listen_loop(), name="listen"),
                        *(asyncio.create_task(loop) for loop in self.extra_loops())]
 
     async def stop_loops(self) -> None:
@@ -179,6 +188,10 @@ class LeasedConsumer(ABC):
             with contextlib.suppress(asyncio.CancelledError):
                 await loop
         self._loops = []
+        if self._subscription is not None:
+            self.listener.unsubscribe(self._subscription)
+        if self._own_listener:
+            await self.listener.stop()
 
     def _may_claim(self) -> bool:
         if self.suspect is not None:
@@ -239,33 +252,10 @@ class LeasedConsumer(ABC):
                 self.suspect = None  # not started (e.g. its partition vanished): its lease runs out
         return 1
 
-    def _notified(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
+    def _notified(self, channel: str, payload: str) -> None:
+        """NOTIFY is only a hint to look sooner; without it the claim loop polls."""
         if self.on_notify(channel, payload):
             self._wake.set()
-
-    async def _listen_loop(self) -> None:
-        """LISTEN is only a hint to look sooner; losing it just means waiting for the next poll."""
-        while True:
-            listener: asyncpg.Connection | None = None
-            try:
-                listener = await self.pool.acquire()
-                closed = asyncio.Event()
-                listener.add_termination_listener(functools.partial(_set, closed))
-                for channel in self.channels:
-                    await listener.add_listener(channel, self._notified)
-                await closed.wait()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("LISTEN connection lost; polling meanwhile", extra={"error": str(exc)})
-            finally:
-                if listener is not None:
-                    for channel in self.channels:
-                        with contextlib.suppress(Exception):
-                            await listener.remove_listener(channel, self._notified)
-                    with contextlib.suppress(Exception):
-                        await self.pool.release(listener)
-            await asyncio.sleep(1)
 
     async def _heartbeat_loop(self) -> None:
         """Extend in-flight leases well before they run out; abandon work whose lease was lost."""
@@ -313,7 +303,3 @@ async def write_completion(write: Callable[[], Awaitable[bool]], lease_seconds: 
             log.warning("completion write failed; retrying while the lease lasts", extra={**context, "error": error})
         await asyncio.sleep(pause)
         pause = min(pause * 2, 1.0)
-
-
-def _set(event: asyncio.Event, *_: object) -> None:
-    event.set()

@@ -1,7 +1,16 @@
-"""The maintenance loop, apart from the workers: the lease sweeper (River calls it the rescuer).
+"""Housekeeping, in one place: a ``Maintainer`` runs named jobs, each at its interval.
 
-``sweep_once`` is the function the operator's timer calls; ``LeaseSweeper`` runs
-it every few seconds inside ``hookline dev`` and ``hookline worker --sweep``.
+River's shape: each housekeeping task is a small named job (the lease rescuer, the stats
+refresher, the relay's outbox cleaner), and the jobs that act on the shared database run
+only on the elected leader of their *scope* (``inbox``, ``outbox``), so N workers or relays
+do the work once, not N times. Leadership is a session-level ``pg_try_advisory_lock`` on a
+dedicated connection (``core/dedicated.py``): held while that connection lives, so a leader
+that dies or loses its connection frees it at once, and a process that is not the leader
+asks again every ``election_interval``. Jobs flagged ``per_process`` (this process's own
+gauges) run everywhere.
+
+``sweep_once`` is the rescuer's one pass (the operator's per-provider timer calls it too).
+Its backoff is the partition's ``RetryPolicy`` (``core/queue.py``), the same as a failed attempt.
 """
 
 from __future__ import annotations
@@ -9,14 +18,119 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 import asyncpg
 
-from hookline.core import metrics
+from hookline.core import db, inbox_stats, metrics
+from hookline.core.dedicated import DedicatedConnection
+from hookline.core.providers import ProviderRegistry
 from hookline.core.queue import INBOX, Queue, RetryPolicy, SweepResult
 
 log = logging.getLogger(__name__)
+
+SWEEP_INTERVAL = 5.0  # seconds between lease rescues
+STATS_INTERVAL = 5.0  # seconds between gauge refreshes
+ELECTION_INTERVAL = 5.0  # seconds between a non-leader's attempts to become the leader
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    run: Callable[[], Awaitable[object]]
+    interval: float
+    per_process: bool = False  # runs in every process (its own gauges), not only on the leader
+
+
+class Maintainer:
+    """Runs ``jobs`` of one ``scope``; leader-only jobs run while this process holds the scope's lock."""
+
+    def __init__(self, scope: str, jobs: Sequence[Job], connection: DedicatedConnection,
+                 election_interval: float = ELECTION_INTERVAL) -> None:
+        self.scope = scope
+        self.jobs = tuple(jobs)
+        self._connection = connection
+        self.election_interval = election_interval
+        self.leader = asyncio.Event()  # set while this process is the scope's leader
+        self._leadership_changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader.is_set()
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._schedule(), name=f"maintainer-{self.scope}")]
+        if any(not job.per_process for job in self.jobs):
+            self._tasks.append(asyncio.create_task(self._elect(), name=f"maintainer-{self.scope}-election"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    # --- scheduling ---------------------------------------------------------------------------
+
+    def _runnable(self, job: Job) -> bool:
+        return job.per_process or self.is_leader
+
+    async def _schedule(self) -> None:
+        next_run = {job.name: 0.0 for job in self.jobs}
+        while True:
+            for job in self.jobs:
+                if self._runnable(job) and time.monotonic() >= next_run[job.name]:
+                    next_run[job.name] = time.monotonic() + job.interval
+                    await self._run(job)
+            due = [next_run[job.name] for job in self.jobs if self._runnable(job)]
+            pause = max(0.05, min(due, default=time.monotonic() + 3600) - time.monotonic())
+            self._leadership_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._leadership_changed.wait(), pause)
+
+    async def _run(self, job: Job) -> None:
+        try:
+            await job.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("maintenance job failed", extra={"scope": self.scope, "job": job.name, "error": str(exc)})
+
+    # --- election -----------------------------------------------------------------------------
+
+    def _set_leader(self, leader: bool) -> None:
+        if leader != self.is_leader:
+            log.info("maintenance leadership " + ("taken" if leader else "given up"), extra={"scope": self.scope})
+            (self.leader.set if leader else self.leader.clear)()
+            self._leadership_changed.set()
+
+    async def _elect(self) -> None:
+        while True:
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await self._connection.open()
+                # Polls the database (another process holds the lock), not a flag of ours.
+                while not await conn.fetchval(db.query("try_maintenance_lock"), self.scope):  # noqa: ASYNC110
+                    await asyncio.sleep(self.election_interval)
+                self._set_leader(True)
+                await self._connection.wait_lost(conn)
+                log.warning("maintenance leader's connection lost", extra={"scope": self.scope})
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("maintenance election failed; retrying", extra={"scope": self.scope, "error": str(exc)})
+            finally:
+                self._set_leader(False)
+                if conn is not None:
+                    await self._connection.close(conn)  # ends the session, and the lock with it
+            await asyncio.sleep(self.election_interval)
+
+
+# --- the jobs -------------------------------------------------------------------------------------
 
 
 async def sweep_once(pool: asyncpg.Pool | asyncpg.Connection, policies: dict[str, RetryPolicy],
@@ -49,27 +163,32 @@ def _add(total: dict[str, int], counts: dict[str, int], count: Callable[[str, in
         total[name] = total.get(name, 0) + n
 
 
-class LeaseSweeper:
-    def __init__(self, pool: asyncpg.Pool, policies: Callable[[], dict[str, RetryPolicy]],
-                 queue: Queue = INBOX, interval: float = 5.0) -> None:
-        self.pool, self.policies, self.queue, self.interval = pool, policies, queue, interval
-        self._task: asyncio.Task[None] | None = None
+def lease_rescuer(pool: asyncpg.Pool, policies: Callable[[], dict[str, RetryPolicy]], queue: Queue = INBOX,
+                  interval: float = SWEEP_INTERVAL, swept: Callable[[SweepResult], None] | None = None) -> Job:
+    """The leader's ``sweep_once`` every ``interval``; ``swept`` hears of each pass's result."""
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await sweep_once(self.pool, self.policies(), self.queue)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("lease sweep failed", extra={"error": str(exc)})
-            await asyncio.sleep(self.interval)
+    async def rescue() -> None:
+        result = await sweep_once(pool, policies(), queue)
+        if swept is not None:
+            swept(result)
 
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"sweeper-{self.queue.table}")
+    return Job(f"lease-rescuer:{queue.table}", rescue, interval)
 
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+
+def inbox_stats_refresher(pool: asyncpg.Pool, registry: ProviderRegistry, interval: float = STATS_INTERVAL) -> Job:
+    """This process's inbox gauges, from the operator's statistics query so both export the same
+    numbers (backlog is due + in flight, retries and deferrals apart, the age only of due events)."""
+
+    async def refresh() -> None:
+        inbox_stats.publish(await inbox_stats.provider_stats(pool), registry.all())
+
+    return Job("inbox-stats", refresh, interval, per_process=True)
+
+
+def inbox_maintainer(pool: asyncpg.Pool, registry: ProviderRegistry, connection: DedicatedConnection, *,
+                     sweep: bool) -> Maintainer:
+    """A worker's housekeeping: its gauges, and (``sweep``) the inbox's lease rescuer on the leader."""
+    jobs = [inbox_stats_refresher(pool, registry)]
+    if sweep:
+        jobs.append(lease_rescuer(pool, lambda: {n: p.retry for n, p in registry.all().items()}))
+    return Maintainer("inbox", jobs, connection)

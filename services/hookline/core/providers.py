@@ -19,6 +19,8 @@ from typing import Any
 import asyncpg
 
 from hookline.core import db
+from hookline.core.dedicated import DedicatedConnection
+from hookline.core.listener import Listener, Subscription
 from hookline.core.provider_spec import DEFAULT_MAX_BODY as DEFAULT_MAX_BODY
 from hookline.core.provider_spec import HANDLER_RE as HANDLER_RE
 from hookline.core.provider_spec import NAME_RE as NAME_RE
@@ -61,6 +63,7 @@ def active_secrets(stored: Iterable[Mapping[str, Any]], now: datetime | None = N
 async def upsert(conn: asyncpg.Connection, name: str, spec: Mapping[str, Any], secrets: list[dict[str, Any]]
                  ) -> str | None:
     """Store a provider; returns the destination secret when this call created it (to show it once)."""
+    from hookline.core.signatures import get_scheme
 
     fresh = get_scheme("standard-webhooks").generate_secret()
     row = await conn.fetchrow(db.query("upsert_provider"), name, spec, secrets, fresh)
@@ -75,6 +78,61 @@ async def delete(conn: asyncpg.Connection, name: str) -> bool:
         return True
     await _raise_if_owned(conn, name)
     return False
+
+
+async def apply_providers(conn: asyncpg.Connection, text: str) -> list[str]:
+    """Store every WebhookProvider document of a providers file, all or none.
+
+    Every document is validated before the transaction commits. Returns lines to show
+    the user. A document without ``signature.secrets`` keeps the provider's stored
+    secrets, or gets a generated one (shown once) when it has none.
+    """
+    docs = load_documents(text)
+    if not docs:
+        raise SpecError("the file holds no WebhookProvider documents")
+    report: list[str] = []
+    async with conn.transaction():
+        for name, raw_spec in docs:
+            report += await _apply_document(conn, name, raw_spec)
+    return report
+
+
+async def _apply_document(conn: asyncpg.Connection, name: str, raw_spec: Mapping[str, Any]) -> list[str]:
+    report: list[str] = []
+    spec, secrets = split_file_secrets(raw_spec)
+    if secrets is None:
+        stored, generated = await _kept_or_generated_secrets(conn, name, spec)
+        if generated:
+            report.append(f"{name}: generated secret (shown once): {generated}")
+    else:
+        stored = [{"value": s, "notAfter": None} for s in secrets]
+    try:
+        parse_provider(name, spec, active_secrets(stored))
+    except SpecError as exc:
+        raise SpecError(f"{name}: {exc}") from None
+    destination_secret = await upsert(conn, name, spec, stored)
+    report.append(f"provider/{name} applied")
+    if destination_secret and spec.get("destination"):
+        report.append(f"{name}: destination calls are signed (Standard Webhooks) with this secret, "
+                      f"shown once: {destination_secret}")
+    return report
+
+
+async def _kept_or_generated_secrets(conn: asyncpg.Connection, name: str, spec: Mapping[str, Any]
+                                     ) -> tuple[list[dict[str, Any]], str | None]:
+    """The provider's stored secrets; else a new one for schemes that sign (returned to show once)."""
+    existing = await conn.fetchval(db.query("get_provider_secrets"), name)
+    if existing:
+        return list(existing), None
+    signature = spec.get("signature")
+    scheme = signature.get("scheme") if isinstance(signature, dict) else None
+    if scheme in (None, "none"):
+        return [], None
+    try:
+        value = get_scheme(scheme).generate_secret()
+    except ValueError:
+        return [], None  # an unknown scheme: parse_provider says so
+    return [{"value": value, "notAfter": None}], value
 
 
 def manager(row: Mapping[str, Any]) -> str:
@@ -103,15 +161,20 @@ async def load_all(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, Provide
 
 
 class ProviderRegistry:
-    """The providers, kept current in memory: LISTEN for changes, re-read every ``refresh`` seconds."""
+    """The providers, kept current in memory: re-read on NOTIFY (through the process's
+    ``Listener``), after the listener reconnects, and every ``refresh`` seconds."""
 
-    def __init__(self, pool: asyncpg.Pool, refresh: float = 30.0) -> None:
+    def __init__(self, pool: asyncpg.Pool, refresh: float = 30.0, listener: Listener | None = None) -> None:
         self._pool = pool
         self._refresh = refresh
         self._providers: dict[str, Provider] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.loaded = asyncio.Event()
+        # Without a shared listener the registry runs one of its own.
+        self._own_listener = listener is None
+        self._listener = listener or Listener(DedicatedConnection(pool))
+        self._subscription: Subscription | None = None
 
     def get(self, name: str) -> Provider | None:
         return self._providers.get(name)
@@ -124,6 +187,10 @@ class ProviderRegistry:
         self.loaded.set()
 
     async def start(self) -> None:
+        self._subscription = await self._listener.subscribe(
+            ("hookline_providers",), lambda _channel, _payload: self._changed.set(), self._changed.set)
+        if self._own_listener:
+            await self._listener.start()
         await self.reload()
         self._task = asyncio.create_task(self._run(), name="provider-registry")
 
@@ -132,33 +199,21 @@ class ProviderRegistry:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-
-    def _notify(self, *_: object) -> None:
-        self._changed.set()
+        if self._subscription is not None:
+            self._listener.unsubscribe(self._subscription)
+        if self._own_listener:
+            await self._listener.stop()
 
     async def _run(self) -> None:
         while True:
-            conn: asyncpg.Connection | None = None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), self._refresh)
+            self._changed.clear()
             try:
-                conn = await self._pool.acquire()
-                await conn.add_listener("hookline_providers", self._notify)
-                # A change between the last read and LISTEN would be missed: read again.
                 await self.reload()
-                while True:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), self._refresh)
-                    self._changed.clear()
-                    await self.reload()
-                    if conn.is_closed():
-                        break
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("provider registry lost Postgres; retrying", extra={"error": str(exc)})
+                log.warning("provider registry could not re-read providers; retrying", extra={"error": str(exc)})
+                self._changed.set()
                 await asyncio.sleep(1.0)
-            finally:
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.remove_listener("hookline_providers", self._notify)
-                    with contextlib.suppress(Exception):
-                        await self._pool.release(conn)

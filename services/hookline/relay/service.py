@@ -27,7 +27,6 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -39,10 +38,12 @@ from hookline import outbox
 from hookline.core import delivery, http, metrics
 from hookline.core.batching import Batcher
 from hookline.core.consumer import LeasedConsumer, write_completion
+from hookline.core.dedicated import DedicatedConnection
 from hookline.core.delivery import DeliveryErrorKind, DeliveryResult
-from hookline.core.maintenance import sweep_once
+from hookline.core.listener import Listener
+from hookline.core.maintenance import Job, Maintainer, lease_rescuer
 from hookline.core.providers import active_secrets
-from hookline.core.queue import OUTBOX, truncate_error
+from hookline.core.queue import OUTBOX, SweepResult, truncate_error
 from hookline.core.signatures import sign_standard_webhooks
 from hookline.relay import breaker
 from hookline.relay import endpoints as endpoints_mod
@@ -125,18 +126,24 @@ class Relay(LeasedConsumer):
                  host: str = "0.0.0.0", port: int | None = None, poll_interval: float = 1.0,
                  lease_seconds: float = 60.0, grace_period: float = 25.0, retention_hours: float = 72.0,
                  breaker: BreakerSettings | None = None, sweep_interval: float = 5.0,
-                 stats_interval: float = 5.0, worker_id: str | None = None) -> None:
+                 stats_interval: float = 5.0, worker_id: str | None = None,
+                 listener: Listener | None = None, leader_connection: DedicatedConnection | None = None) -> None:
         super().__init__(pool, OUTBOX, worker_id=worker_id or f"relay:{socket.gethostname()}:{os.getpid()}:"
-                         f"{uuid.uuid4().hex[:6]}", channels=("hookline_outbox", "hookline_endpoints"),
+                         f"{uuid.uuid4().hex[:6]}", channels=(OUTBOX.channel, "hookline_endpoints"),
                          concurrency=concurrency, poll_interval=poll_interval, grace_period=grace_period,
-                         refill=min(concurrency // 4, 16))
+                         refill=min(concurrency // 4, 16), listener=listener)
         self.allow_private_networks = allow_private_networks
         self.host, self.port = host, port
         self.lease_seconds = lease_seconds
         self.retention_seconds = retention_hours * 3600
         self.breaker_settings = breaker or BreakerSettings()
-        self.sweep_interval = sweep_interval
-        self.stats_interval = stats_interval
+        # Rescuing leases and retention run on the relays' elected leader; each relay its own gauges.
+        self.maintainer = Maintainer("outbox", [
+            lease_rescuer(pool, lambda: {e.name: e.retry for e in self._endpoints.values()}, OUTBOX,
+                          sweep_interval, swept=self._swept),
+            Job("outbox-stats", self.refresh_stats, stats_interval, per_process=True),
+            Job("outbox-cleaner", self.run_retention, RETENTION_INTERVAL),
+        ], leader_connection or DedicatedConnection(pool))
         self.completer = Completer(pool, self.worker_id)
         self.outcomes = OutcomeRecorder(pool, self.breaker_settings, self._circuits_changed)
         self.session = delivery.create_session(allow_private_networks=allow_private_networks,
@@ -155,6 +162,7 @@ class Relay(LeasedConsumer):
         self.completer.start()
         self.outcomes.start()
         await self.start_loops()
+        await self.maintainer.start()
         if self.port is not None:
             self._runner = await http.serve(http.ops_app(self.pool), self.host, self.port)
         log.info("relay started", extra={"worker": self.worker_id, "concurrency": self.concurrency,
@@ -164,6 +172,7 @@ class Relay(LeasedConsumer):
         """Stop claiming, let in-flight deliveries finish within the grace period, give back the rest
         (a request that may or may not have reached its endpoint is sent again: the safe side)."""
         await self.stop_loops()
+        await self.maintainer.stop()
         await self.completer.stop()
         await self.outcomes.stop()
         await self.session.close()
@@ -173,9 +182,6 @@ class Relay(LeasedConsumer):
 
     def shortest_lease(self) -> float:
         return self.lease_seconds
-
-    def extra_loops(self) -> list[Coroutine[Any, Any, None]]:
-        return [self._maintenance_loop()]
 
     # --- endpoints -------------------------------------------------------------------------
 
@@ -368,10 +374,9 @@ class Relay(LeasedConsumer):
 
     # --- background work -------------------------------------------------------------------
 
-    async def sweep(self) -> None:
-        """Requeue (or bury) deliveries whose relay died: the at-least-once half of the crash story.
-        Every relay sweeps; SKIP LOCKED in the sweep makes that safe."""
-        result = await sweep_once(self.pool, {e.name: e.retry for e in self._endpoints.values()}, OUTBOX)
+    def _swept(self, result: SweepResult) -> None:
+        """The leader's lease rescuer requeued (or buried) deliveries whose relay died: the
+        at-least-once half of the crash story."""
         for partition, count in result.dead.items():
             metrics.relay_dead.labels(partition).inc(count)
         if result.total:
@@ -408,19 +413,3 @@ class Relay(LeasedConsumer):
             state = endpoint.circuit.state if endpoint is not None else CircuitState.CLOSED
             metrics.relay_circuit_state.labels(name).set(breaker.STATE_VALUE[state])
             metrics.relay_circuit_open.labels(name).set(int(state is not CircuitState.CLOSED))
-
-    async def _maintenance_loop(self) -> None:
-        jobs: tuple[tuple[Callable[[], Awaitable[object]], float], ...] = (
-            (self.sweep, self.sweep_interval), (self.refresh_stats, self.stats_interval),
-                (self.run_retention, RETENTION_INTERVAL))
-        next_run = [0.0] * len(jobs)
-        while True:
-            for i, (job, interval) in enumerate(jobs):
-                if time.monotonic() < next_run[i]:
-                    continue
-                next_run[i] = time.monotonic() + interval
-                try:
-                    await job()
-                except Exception as exc:
-                    log.warning("relay maintenance failed", extra={"job": job.__name__, "error": str(exc)})
-            await asyncio.sleep(max(0.05, min(next_run) - time.monotonic()))

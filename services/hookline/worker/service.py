@@ -14,7 +14,6 @@ is done keeps its lease until its batched completion commits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -24,9 +23,10 @@ from typing import Any
 
 import asyncpg
 
-from hookline.core import delivery, inbox_stats
+from hookline.core import delivery
 from hookline.core.batching import Batcher
 from hookline.core.consumer import LeasedConsumer
+from hookline.core.listener import Listener
 from hookline.core.providers import Provider, ProviderRegistry
 from hookline.core.queue import INBOX
 from hookline.worker.event import Event
@@ -67,10 +67,11 @@ class BatchCompleter:
 class Worker(LeasedConsumer):
     def __init__(self, pool: asyncpg.Pool, registry: ProviderRegistry, *, providers: list[str] | None = None,
                  concurrency: int = 16, poll_interval: float = 1.0, grace_period: float = 25.0,
-                 worker_id: str | None = None, batch_seconds: float = 0.05) -> None:
+                 worker_id: str | None = None, listener: Listener | None = None,
+                 batch_seconds: float = 0.05) -> None:
         super().__init__(pool, INBOX, worker_id=worker_id or f"{socket.gethostname()}:{os.getpid()}:"
-                         f"{uuid.uuid4().hex[:6]}", channels=("hookline_inbox",), concurrency=concurrency,
-                         poll_interval=poll_interval, grace_period=grace_period,
+                         f"{uuid.uuid4().hex[:6]}", channels=(INBOX.channel,), concurrency=concurrency,
+                         poll_interval=poll_interval, grace_period=grace_period, listener=listener,
                          # As many effects may wait for their batched completion as run at once.
                          completion_overlap=concurrency)
         self.registry = registry
@@ -142,31 +143,3 @@ class Worker(LeasedConsumer):
                 self._start(provider, row)
             claimed += len(rows)
         return claimed
-
-
-class StatsReporter:
-    """Refreshes the backlog gauges every few seconds with one indexed query."""
-
-    def __init__(self, pool: asyncpg.Pool, registry: ProviderRegistry, interval: float = 5.0) -> None:
-        self.pool, self.registry, self.interval = pool, registry, interval
-        self._task: asyncio.Task[None] | None = None
-
-    async def refresh(self) -> None:
-        # The operator's statistics, so both export the same numbers: backlog is due + in flight,
-        # retries backing off and deferred events apart, the age only of due events.
-        inbox_stats.publish(await inbox_stats.provider_stats(self.pool), self.registry.all())
-
-    async def _run(self) -> None:
-        while True:
-            with contextlib.suppress(Exception):
-                await self.refresh()
-            await asyncio.sleep(self.interval)
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="stats")
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task

@@ -254,13 +254,12 @@ WHERE status = 'dead' AND ($1::text IS NULL OR provider = $1)
 ORDER BY processed_at DESC NULLS LAST, id DESC
 LIMIT $2;
 
--- name: replay_dead_inbox
--- Requeue dead events; attempts restart so the retry policy applies afresh, and a
--- deferral clock restarts too. pg_notify wakes the workers.
-UPDATE hookline.inbox
-SET status = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL, processed_at = NULL,
-    deferred_since = NULL
-WHERE status = 'dead'
-  AND ($1::text IS NULL OR provider = $1)
-  AND ($2::text IS NULL OR event_type = $2)
-RETURNING provider, pg_notify('hookline_inbox', provider);
+-- name: dead_of_type
+-- The dead events of one type (of one provider, or all), for a replay by type.
+SELECT id FROM hookline.inbox
+WHERE status = 'dead' AND ($1::text IS NULL OR provider = $1) AND event_type = $2;
+
+-- name: try_maintenance_lock
+-- Leader election for a maintenance scope (core/maintenance.py): a session-level
+-- advisory lock, held until the connection ends, so a dead leader frees it at once.
+SELECT pg_try_advisory_lock(hashtext('hookline.maintenance'), hashtext($1));
