@@ -234,7 +234,7 @@ def desired_deployment(res: Resource, spec: dict[str, Any], replicas: int) -> di
 
 
 async def ensure_workers(kube: Kube, body: kopf.Body, res: Resource, spec: dict[str, Any],
-                         sync: SyncState) -> WorkersState:
+                         sync: SyncState, first_try: bool = True) -> WorkersState:
     name = resources.worker_name(res.name)
     existing = await kube.read_deployment(res.namespace, name)
     if existing is not None and not owns(existing.owner_uids, res.uid):
@@ -250,7 +250,13 @@ async def ensure_workers(kube: Kube, body: kopf.Body, res: Resource, spec: dict[
         replicas = ScalePolicy.from_spec(spec).min_replicas
         manifest = desired_deployment(res, spec, replicas)
         kopf.adopt(manifest, owner=body)
-        await kube.create_deployment(res.namespace, manifest)
+        try:
+            await kube.create_deployment(res.namespace, manifest)
+        except ApiException as exc:
+            if exc.status != 409 or not first_try:
+                raise
+            # Created meanwhile (a change handler and the sync timer run concurrently): judge what is there.
+            return await ensure_workers(kube, body, res, spec, sync, first_try=False)
         announce(body, "WorkersCreated", f"created Deployment {name} with {replicas} replicas")
         return WorkersState(True, "WorkersCreated", f"Deployment {name} created")
     manifest = desired_deployment(res, spec, existing.replicas)
