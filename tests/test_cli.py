@@ -90,6 +90,13 @@ def test_every_flag_says_what_it_does(command: tuple[str, ...]) -> None:
             assert action.help, f"hookline {' '.join(command)} {action.option_strings[0]} has no help text"
 
 
+@pytest.mark.parametrize("command", [c for c in HELP if c != ("dev",)], ids=" ".join)
+def test_help_names_the_database_url(command: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    # Every command but `dev` (which runs its own Postgres) reads it; its --help must say so.
+    _, out, _ = _run([*command, "--help"], capsys)
+    assert "HOOKLINE_DATABASE_URL" in out and "HOOKLINE_LOG_FORMAT" in out
+
+
 def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(["--help"], capsys)
     assert code == 0

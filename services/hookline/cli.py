@@ -187,10 +187,10 @@ def configure_dlq_parser(subparsers: Subparsers) -> None:
         "  hookline dlq replay --provider stripe --event-type payment_intent.succeeded\n"
         "  hookline dlq replay --endpoint billing --since 2026-11-30T08:00:00Z\n")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    dead_list = actions.add_parser("list", help="list dead events, newest first (inbox; outbox with "
-                                   "--endpoint/--since)")
+    dead_list = _add_command(actions, "list", "list dead events, newest first (inbox; outbox with "
+                             "--endpoint/--since)")
     dead_list.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
-    replay = actions.add_parser("replay", help="requeue dead events; attempts start again")
+    replay = _add_command(actions, "replay", "requeue dead events; attempts start again")
     replay.add_argument("--event-type", help="only inbox events of this type")
     for action in (dead_list, replay):
         action.add_argument("--provider", help="only this provider's inbox events")
@@ -250,7 +250,7 @@ def configure_endpoints_parser(subparsers: Subparsers) -> None:
         "  hookline endpoints list\n"
         "  hookline endpoints rotate-secret billing --overlap-hours 48\n")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    add = actions.add_parser("add", help="create an endpoint; prints its secret once")
+    add = _add_command(actions, "add", "create an endpoint; prints its secret once")
     add.add_argument("name")
     add.add_argument("--url", required=True, help="http(s) URL the relay POSTs to")
     add.add_argument("--event-type", action="append", dest="event_types", metavar="T", default=[],
@@ -263,14 +263,14 @@ def configure_endpoints_parser(subparsers: Subparsers) -> None:
     add.add_argument("--retry-max-delay", type=float, default=3600.0, help="longest retry delay (default 3600)")
     add.add_argument("--timeout", type=float, default=10.0, help="seconds for the whole request (default 10)")
     _add_common(add)
-    _add_common(actions.add_parser("list", help="list endpoints (secrets shown as fingerprints only)"))
+    _add_common(_add_command(actions, "list", "list endpoints (secrets shown as fingerprints only)"))
     named = {
         "delete": "delete an endpoint and its deliveries",
         "enable": "re-enable an endpoint disabled by a 410 and requeue what it missed",
         "rotate-secret": "sign with a new secret; the old one keeps signing meanwhile",
     }
     for action, text in named.items():
-        a = actions.add_parser(action, help=text)
+        a = _add_command(actions, action, text)
         a.add_argument("name")
         if action == "rotate-secret":
             a.add_argument("--overlap-hours", type=float, default=24.0,
@@ -307,12 +307,12 @@ def configure_providers_parser(subparsers: Subparsers) -> None:
         "  cat providers.yaml | hookline providers apply -f -\n"
         "  hookline providers delete stripe\n")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    apply = actions.add_parser("apply", help="create or update providers from a YAML file")
+    apply = _add_command(actions, "apply", "create or update providers from a YAML file")
     apply.add_argument("-f", "--filename", type=Path, required=True,
                        help="YAML file with one or more WebhookProvider documents ('-' for stdin)")
     _add_common(apply)
-    _add_common(actions.add_parser("list", help="list providers (never shows secrets)"))
-    delete = actions.add_parser("delete", help="delete a provider (its stored events stay)")
+    _add_common(_add_command(actions, "list", "list providers (never shows secrets)"))
+    delete = _add_command(actions, "delete", "delete a provider (its stored events stay)")
     delete.add_argument("name")
     _add_common(delete)
 
