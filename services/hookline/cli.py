@@ -171,7 +171,8 @@ def configure_worker_parser(subparsers: Subparsers) -> None:
                    help="only this provider (repeatable; default: all providers)")
     p.add_argument("--concurrency", type=int, default=16, help="events processed at once (default 16)")
     p.add_argument("--sweep", action="store_true",
-                   help="also return expired leases to pending (run it in at least one worker, or the operator)")
+                   help="also return expired leases to pending (run it in at least one worker, or the operator; "
+                   "of several, one elected leader sweeps)")
     p.add_argument("--batch-seconds", type=_positive(float), default=0.05,
                    help="(event, conn) handlers share a transaction under load; a batch starts no further "
                    "event after this many seconds, so a slow handler holds the others' locks briefly (default 0.05)")

@@ -3,9 +3,9 @@
 Both do the same thing with different rows: claim leased rows partition by
 partition, run one task per row, keep the leases alive while the tasks run,
 wake up on NOTIFY (the process's ``core/listener.py``; polling as the fallback),
-and on shutdown stop claiming, let in-flight tasks finish within a grace period, and hand back the leases of the
-rest. Subclasses say what a claim round is (``claim_round``) and call ``spawn``
-for each claimed row.
+and on shutdown stop claiming, let in-flight tasks finish within a grace period,
+and hand back the leases of the rest. Subclasses say what a claim round is
+(``claim_round``) and call ``spawn`` for each claimed row.
 
 Leases last until the outcome is committed. A task says when its effect is done
 (``effect_done``); up to ``completion_overlap`` such tasks then wait for their

@@ -45,7 +45,6 @@ class Listener:
         self._busy = asyncio.Lock()  # one statement at a time on the connection
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()  # set while LISTENing (tests wait on it)
-        self.reconnects = 0
 
     @property
     def backend_pid(self) -> int | None:
@@ -119,5 +118,4 @@ class Listener:
                 self._conn = None
                 if conn is not None:
                     await self._connection.close(conn)
-            self.reconnects += 1
             await asyncio.sleep(self._reconnect_delay)
