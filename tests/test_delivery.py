@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from hookline.core import delivery
-from hookline.core.delivery import DeliveryErrorKind, embedded_ipv4, is_internal
+from hookline.core.delivery import DeliveryErrorKind, DeliveryResult, Outcome, embedded_ipv4, is_internal
 from hookline.core.embedded import free_port
 
 # Each form wrapping 10.0.0.5 (private) and 8.8.8.8 (public).
@@ -113,3 +113,25 @@ async def test_allowing_private_networks_reaches_localhost(local_server: tuple[i
 async def test_an_unreachable_endpoint_is_a_connection_error_not_a_block() -> None:
     result = await _post(f"http://127.0.0.1:{free_port()}/hook", allow_private_networks=True)
     assert result.status is None and result.error_kind is DeliveryErrorKind.CONNECTION
+
+
+@pytest.mark.parametrize(("status", "kind", "outcome", "retry"), [
+    (200, None, Outcome.DELIVERED, False),
+    (204, None, Outcome.DELIVERED, False),
+    (410, None, Outcome.GONE, False),
+    (429, None, Outcome.RATE_LIMITED, True),
+    (500, None, Outcome.SERVER_ERROR, True),
+    (503, None, Outcome.SERVER_ERROR, True),
+    (408, None, Outcome.CLIENT_ERROR, True),
+    (425, None, Outcome.CLIENT_ERROR, True),
+    (400, None, Outcome.CLIENT_ERROR, False),
+    (302, None, Outcome.CLIENT_ERROR, False),
+    (None, DeliveryErrorKind.TIMEOUT, Outcome.NO_RESPONSE, True),
+    (None, DeliveryErrorKind.CONNECTION, Outcome.NO_RESPONSE, True),
+    (None, DeliveryErrorKind.BLOCKED, Outcome.BLOCKED, True),
+])
+def test_one_classification_of_answers_for_worker_and_relay(status: int | None, kind: DeliveryErrorKind | None,
+                                                            outcome: Outcome, retry: bool) -> None:
+    result = DeliveryResult(status, "", 0.01, error=None if status else "no answer", error_kind=kind)
+    assert delivery.classify(result) is outcome
+    assert delivery.worth_retrying(result) is retry

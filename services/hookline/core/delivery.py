@@ -154,6 +154,47 @@ class DeliveryResult:
         return f"HTTP {self.status}: {self.body[:500]}" if self.body else f"HTTP {self.status}"
 
 
+class Outcome(enum.StrEnum):
+    """What an attempt's answer says, for the worker's destinations and the relay's endpoints alike
+    (the values are the relay's ``result`` metric labels)."""
+
+    DELIVERED = "delivered"  # 2xx
+    GONE = "gone"  # 410: the receiver is gone for good
+    RATE_LIMITED = "rate_limited"  # 429
+    SERVER_ERROR = "server_error"  # 5xx
+    CLIENT_ERROR = "client_error"  # other 4xx (and stray 1xx/3xx): the receiver is likely misconfigured
+    NO_RESPONSE = "no_response"  # timeout, refused, reset, DNS or TLS failure
+    BLOCKED = "blocked"  # the private-address guard refused the address: nothing was sent
+
+
+# Client errors that ask for the same request again later: 408 Request Timeout, 425 Too Early.
+_TRY_AGAIN = frozenset({408, 425})
+
+
+def classify(result: DeliveryResult) -> Outcome:
+    """The outcome of one attempt, from its status or, without one, from its error kind."""
+    if result.status is None:
+        return Outcome.BLOCKED if result.error_kind is DeliveryErrorKind.BLOCKED else Outcome.NO_RESPONSE
+    if result.ok:
+        return Outcome.DELIVERED
+    if result.status == 410:
+        return Outcome.GONE
+    if result.status == 429:
+        return Outcome.RATE_LIMITED
+    if result.status >= 500:
+        return Outcome.SERVER_ERROR
+    return Outcome.CLIENT_ERROR
+
+
+def worth_retrying(result: DeliveryResult) -> bool:
+    """Whether the same request may succeed later: no answer, 408, 425, 429 or 5xx. Other 4xx
+    (410 included) are refusals: the worker buries them at once (the relay retries them anyway,
+    and disables an endpoint on 410)."""
+    outcome = classify(result)
+    return outcome in (Outcome.NO_RESPONSE, Outcome.BLOCKED, Outcome.RATE_LIMITED, Outcome.SERVER_ERROR) or (
+        outcome is Outcome.CLIENT_ERROR and result.status in _TRY_AGAIN)
+
+
 def parse_retry_after(value: str | None) -> float | None:
     """Retry-After as seconds (delta-seconds or an HTTP date); None when absent or unreadable."""
     if not value:

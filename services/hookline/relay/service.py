@@ -23,10 +23,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-import os
-import socket
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -39,11 +36,11 @@ from hookline.core import delivery, http, metrics
 from hookline.core.batching import Batcher
 from hookline.core.consumer import LeasedConsumer, write_completion
 from hookline.core.dedicated import DedicatedConnection
-from hookline.core.delivery import DeliveryErrorKind, DeliveryResult
+from hookline.core.delivery import DeliveryResult, Outcome
 from hookline.core.listener import Listener
 from hookline.core.maintenance import Job, Maintainer, lease_rescuer
 from hookline.core.providers import active_secrets
-from hookline.core.queue import OUTBOX, SweepResult, truncate_error
+from hookline.core.queue import OUTBOX, SweepResult, make_worker_id, truncate_error
 from hookline.core.signatures import sign_standard_webhooks
 from hookline.relay import breaker
 from hookline.relay import endpoints as endpoints_mod
@@ -71,21 +68,6 @@ def envelope(event_type: str, created_at: datetime, payload: object) -> bytes:
     timestamp = created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return json.dumps({"type": event_type, "timestamp": timestamp, "data": payload},
                       separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def classify(result: DeliveryResult) -> str:
-    """The ``result`` label for an attempt."""
-    if result.ok:
-        return "delivered"
-    if result.status is None:
-        return "blocked" if result.error_kind is DeliveryErrorKind.BLOCKED else "no_response"
-    if result.status == 410:
-        return "gone"
-    if result.status == 429:
-        return "rate_limited"
-    if result.status >= 500:
-        return "server_error"
-    return "client_error"  # other 4xx (and stray 1xx/3xx): retried, but the receiver is likely misconfigured
 
 
 class Completer:
@@ -128,8 +110,8 @@ class Relay(LeasedConsumer):
                  breaker: BreakerSettings | None = None, sweep_interval: float = 5.0,
                  stats_interval: float = 5.0, worker_id: str | None = None,
                  listener: Listener | None = None, leader_connection: DedicatedConnection | None = None) -> None:
-        super().__init__(pool, OUTBOX, worker_id=worker_id or f"relay:{socket.gethostname()}:{os.getpid()}:"
-                         f"{uuid.uuid4().hex[:6]}", channels=(OUTBOX.channel, "hookline_endpoints"),
+        super().__init__(pool, OUTBOX, worker_id=worker_id or make_worker_id("relay"),
+                         channels=(OUTBOX.channel, "hookline_endpoints"),
                          concurrency=concurrency, poll_interval=poll_interval, grace_period=grace_period,
                          refill=min(concurrency // 4, 16), listener=listener)
         self.allow_private_networks = allow_private_networks
@@ -323,17 +305,17 @@ class Relay(LeasedConsumer):
             result = await delivery.post(self.session, endpoint.url, claimed.body, headers, timeout=endpoint.timeout)
         else:
             result = DeliveryResult(None, "", 0.0, error="the endpoint has no valid secret to sign with")
-        outcome = classify(result)
+        outcome = delivery.classify(result)  # every outcome but gone is retried, client errors included
         metrics.relay_deliveries.labels(endpoint.name, outcome).inc()
         if result.status is not None:
             metrics.relay_latency.labels(endpoint.name).observe(result.latency)
-        if outcome == "gone":  # disables the endpoint; not a count for its circuit
+        if outcome is Outcome.GONE:  # disables the endpoint; not a count for its circuit
             await self._disable(claimed, result)
             return
         # The breaker's count and the delivery's bookkeeping are written side by side (neither
         # waits for the other); both are done before the task ends, so a probe's successor sees it.
-        count = self.outcomes.record(endpoint.name, ok=outcome == "delivered", probe=claimed.probe)
-        if outcome == "delivered":
+        count = self.outcomes.record(endpoint.name, ok=outcome is Outcome.DELIVERED, probe=claimed.probe)
+        if outcome is Outcome.DELIVERED:
             # Retried while the lease lasts; never a retry or dead letter for a delivered event.
             booking = write_completion(lambda: self.completer.complete(claimed, result), self.lease_seconds,
                                        {"endpoint": endpoint.name, "event_id": claimed.event_id})

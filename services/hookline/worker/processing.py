@@ -316,7 +316,7 @@ class Processor:
                                      timeout=provider.destination.timeout_seconds)
         if answer.ok:
             return
-        if answer.status is None or answer.status in (408, 425, 429) or answer.status >= 500:
+        if delivery.worth_retrying(answer):
             raise RetryableFailure(f"destination: {answer.describe()}", answer.retry_after)
         raise PermanentFailure(f"destination rejected the event: {answer.describe()}")
 

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +25,7 @@ from hookline.core.batching import Batcher
 from hookline.core.consumer import LeasedConsumer
 from hookline.core.listener import Listener
 from hookline.core.providers import Provider, ProviderRegistry
-from hookline.core.queue import INBOX
+from hookline.core.queue import INBOX, make_worker_id
 from hookline.worker.event import Event
 from hookline.worker.processing import Processor
 
@@ -69,8 +66,8 @@ class Worker(LeasedConsumer):
                  concurrency: int = 16, poll_interval: float = 1.0, grace_period: float = 25.0,
                  worker_id: str | None = None, listener: Listener | None = None,
                  batch_seconds: float = 0.05) -> None:
-        super().__init__(pool, INBOX, worker_id=worker_id or f"{socket.gethostname()}:{os.getpid()}:"
-                         f"{uuid.uuid4().hex[:6]}", channels=(INBOX.channel,), concurrency=concurrency,
+        super().__init__(pool, INBOX, worker_id=worker_id or make_worker_id(),
+                         channels=(INBOX.channel,), concurrency=concurrency,
                          poll_interval=poll_interval, grace_period=grace_period, listener=listener,
                          # As many effects may wait for their batched completion as run at once.
                          completion_overlap=concurrency)
