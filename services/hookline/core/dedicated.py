@@ -55,7 +55,7 @@ class DedicatedConnection:
                     return
                 try:
                     async with busy or contextlib.nullcontext():
-                        await conn.fetchval("SELECT 1", timeout=self.probe_interval)
+                        await conn.fetchval(db.query("ping"), timeout=self.probe_interval)
                 except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
                     return
         finally:

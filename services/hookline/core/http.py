@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from hookline.core import db
 from hookline.core import metrics as hookline_metrics
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ async def readyz(request: web.Request) -> web.Response:
     pool = request.app[POOL_KEY]
     try:
         async with asyncio.timeout(2.0):
-            await pool.fetchval("SELECT 1")
+            await pool.fetchval(db.query("ping"))
     except Exception as exc:
         return error(503, "unavailable", f"cannot reach Postgres: {type(exc).__name__}")
     return web.json_response({"status": "ready"})
