@@ -7,7 +7,7 @@ import asyncio
 import asyncpg
 import pytest
 
-from hookline.core.queue import OUTBOX, RetryPolicy
+from hookline.core.queue import INBOX, OUTBOX, RetryPolicy
 from support.queues import QUEUES, QueueCase
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -61,6 +61,11 @@ async def test_ordered_claim_holds_back_a_key_until_its_older_row_is_finished(po
     assert [r["id"] for r in await case.queue.claim(pool, "p", 10, "w", 30, ordered=True)] == [a0]  # a1 still waits
     assert await case.queue.complete(pool, [(a0, 2)], "w") == {a0}
     assert [r["id"] for r in await case.queue.claim(pool, "p", 10, "w", 30, ordered=True)] == [a1]
+
+
+async def test_an_ordered_claim_needs_an_order_key(pool: asyncpg.Pool) -> None:
+    with pytest.raises(ValueError, match=r"hookline\.inbox has no order key"):
+        await INBOX.claim(pool, "p", 1, "w", 30, ordered=True)
 
 
 @each_queue

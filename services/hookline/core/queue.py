@@ -117,6 +117,9 @@ class Queue:
 
     async def claim(self, conn: asyncpg.Connection | asyncpg.Pool, partition: str, limit: int, worker: str,
                     lease_seconds: float, *, ordered: bool = False) -> list[asyncpg.Record]:
+        """Lease up to ``limit`` due rows of ``partition`` to ``worker`` (see ``claim`` in queue.sql)."""
+        if ordered and "claim_ordered" not in self._sql:
+            raise ValueError(f"{self.table} has no order key: it has no ordered claim")
         sql = self._sql["claim_ordered" if ordered else "claim"]
         return list(await conn.fetch(sql, partition, limit, worker, float(lease_seconds)))
 
