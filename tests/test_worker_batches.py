@@ -23,6 +23,8 @@ from collections import Counter
 import asyncpg
 import pytest
 
+from hookline.core.maintenance import sweep_once
+from hookline.core.queue import RetryPolicy
 from support.batch_handlers import TABLES
 from support.inbox import apply_provider, wait_for
 from support.processes import worker
@@ -97,8 +99,11 @@ async def test_a_lease_lost_mid_batch_rolls_back_only_that_event(database_url: s
     # The thief runs before the victim in their batch (same entity key: by id) and takes its lease.
     ids = await insert(tables, "batch", [("ok", None), ("thief", None), ("victim", None), ("ok", None)])
     thief, victim = ids[1], ids[2]
-    w = worker(database_url, log_dir, *BATCH, "--sweep")
+    w = worker(database_url, log_dir, *BATCH)
     try:
+        await wait_for(tables, "SELECT count(*) FROM hookline.inbox WHERE status = 'done'", 3, timeout=60)
+        # The stolen lease has expired: the sweeper takes the event back (a suspect now), and it runs again.
+        await sweep_once(tables, {"batch": RetryPolicy(3, 0.2, 0.5)})
         await wait_for(tables, UNFINISHED, 0, timeout=60)
     finally:
         assert w.stop() == 0

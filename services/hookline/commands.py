@@ -134,7 +134,8 @@ async def worker(args: argparse.Namespace) -> int:
         # Not fatal: the provider may be applied later; the worker picks it up then.
         print(f"hookline: warning: no provider named {', '.join(unknown)} yet; waiting for it", file=sys.stderr)
     service = Worker(pool, registry, providers=args.providers, concurrency=args.concurrency,
-                     poll_interval=args.poll_interval, grace_period=args.grace_period, listener=listener)
+                     poll_interval=args.poll_interval, grace_period=args.grace_period, listener=listener,
+                     batch_seconds=args.batch_seconds)
     maintainer = inbox_maintainer(pool, registry, DedicatedConnection(), sweep=args.sweep)
     runner = await serve(ops_app(pool), args.host, args.port)
 

@@ -42,6 +42,7 @@ import asyncio
 import importlib
 import inspect
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -157,7 +158,8 @@ class TransactionBatches:
     SPREAD = 4
     EVEN_SHARE = 8
 
-    def __init__(self, run_one: Callable[[asyncpg.Connection, Job, str], Awaitable[Outcome]], pool: asyncpg.Pool,
+    def __init__(self, run_one: Callable[[asyncpg.Connection, Job, str, str], Awaitable[tuple[Outcome, str | None]]],
+                 pool: asyncpg.Pool,
                  name: str, *, transactions: int, max_batch: int, max_seconds: float) -> None:
         self._run_one = run_one
         self._pool = pool
@@ -186,16 +188,18 @@ class TransactionBatches:
         order = sorted(range(len(jobs)), key=lambda i: (jobs[i].event.entity_key or "", jobs[i].event.id))
         ran = 0
         async with self._pool.acquire() as conn, conn.transaction():
+            # Deferred constraints are checked at each statement, so a violation fails its own
+            # event's savepoint, not the batch's commit.
+            await conn.execute("SET CONSTRAINTS ALL IMMEDIATE; SAVEPOINT hookline_job_0")
+            savepoint: str | None = "hookline_job_0"
             began = time.monotonic()
             for i in order:
                 if ran and time.monotonic() - began >= self._max_seconds:
                     break
-                # The previous job's savepoint is released in the round trip that opens the next
-                # one; the last is released by the commit.
-                savepoint = f"hookline_job_{ran}"
-                await conn.execute(f"RELEASE SAVEPOINT hookline_job_{ran - 1}; SAVEPOINT {savepoint}" if ran
-                                   else f"SAVEPOINT {savepoint}")
-                outcomes[i] = await self._run_one(conn, jobs[i], savepoint)
+                if savepoint is None:
+                    savepoint = f"hookline_job_{ran}"
+                    await conn.execute(f"SAVEPOINT {savepoint}")
+                outcomes[i], savepoint = await self._run_one(conn, jobs[i], savepoint, f"hookline_job_{ran + 1}")
                 ran += 1
             self._job_seconds = 0.7 * self._job_seconds + 0.3 * (time.monotonic() - began) / ran
         metrics.worker_batch_size.observe(ran)
@@ -253,7 +257,13 @@ class Processor:
             return await self._batches_of(provider).run(job)
         if transactional or transition is not None:
             async with self.pool.acquire() as conn, conn.transaction():
-                return Outcome(await self._apply(conn, job))
+                result = await self._apply(conn, job)
+                # The guarded UPDATE proves the lease is still ours; if it is not, raising rolls the
+                # handler's writes back with it, so a lost lease never commits an effect.
+                if result is Result.DONE and not await INBOX.complete(conn, [(event.id, event.attempts)],
+                                                                      self.worker_id):
+                    raise LeaseLost()
+                return Outcome(result)
         await self._effect(event, provider, None)
         self._effect_done(event.id)
         return Outcome(await self._book_effect(event, provider))
@@ -265,15 +275,25 @@ class Processor:
                 max_batch=self._concurrency, max_seconds=self._batch_seconds)
         return self._batches[provider.name]
 
-    async def _in_savepoint(self, conn: asyncpg.Connection, job: Job, savepoint: str) -> Outcome:
-        """One job of a batch, inside ``savepoint``: its effect and "done" commit with the batch, or
-        roll back to the savepoint alone (handler raised, lease lost); a failure is booked in the
-        same transaction."""
+    async def _in_savepoint(self, conn: asyncpg.Connection, job: Job, savepoint: str,
+                            next_savepoint: str) -> tuple[Outcome, str | None]:
+        """One job of a batch, inside the open ``savepoint``: its effect and "done" commit with the
+        batch, or everything since the savepoint rolls back (handler raised, lease lost; a failure
+        is then booked in the same transaction). Returns the outcome and the savepoint left open
+        for the next job (None: open one)."""
         try:
-            return Outcome(await self._apply(conn, job))
-        except LeaseLost:
-            await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
-            return Outcome(Result.LOST)
+            result = await self._apply(conn, job)
+            if result is Result.DONE:
+                # Completion, release and the next job's savepoint in one round trip; a lost
+                # lease fails the completion, and the rest is not run.
+                await conn.execute(f"{self._complete_in_batch(job.event)}; RELEASE SAVEPOINT {savepoint}; "
+                                   f"SAVEPOINT {next_savepoint}")
+            else:
+                await conn.execute(f"RELEASE SAVEPOINT {savepoint}; SAVEPOINT {next_savepoint}")
+            return Outcome(result), next_savepoint
+        except (LeaseLost, asyncpg.DivisionByZeroError):
+            await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}; RELEASE SAVEPOINT {savepoint}")
+            return Outcome(Result.LOST), None
         except asyncio.CancelledError as exc:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
@@ -282,8 +302,18 @@ class Processor:
             failure: Exception = RuntimeError(repr(exc))
         except Exception as exc:
             failure = exc
-        await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
-        return await self._book_failure(conn, job.event, job.provider, failure)
+        await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}; RELEASE SAVEPOINT {savepoint}")
+        # The retry statement counts its delay from now(), the batch transaction's start: add
+        # the time since, so the backoff starts when the attempt failed.
+        since_begin = float(await conn.fetchval(db.query("transaction_age")))
+        return await self._book_failure(conn, job.event, job.provider, failure, since_begin), None
+
+    def _complete_in_batch(self, event: Event) -> str:
+        """``complete_in_batch`` with its values as literals (a multi-statement round trip takes no
+        parameters): two integers, and this worker's id quoted."""
+        values = {"1": str(int(event.id)), "2": str(int(event.attempts)),
+                  "3": "'" + self.worker_id.replace("'", "''") + "'"}
+        return re.sub(r"\$([123])\b", lambda m: values[m.group(1)], db.query("complete_in_batch")).rstrip().rstrip(";")
 
     async def _book_effect(self, event: Event, provider: Provider) -> Result:
         """Write "done" for an effect that happened outside our database (see ``write_completion``:
@@ -321,7 +351,8 @@ class Processor:
         raise PermanentFailure(f"destination rejected the event: {answer.describe()}")
 
     async def _apply(self, conn: asyncpg.Connection, job: Job) -> Result:
-        """The effect, the entity's new state and "done", inside the caller's transaction or savepoint."""
+        """The effect and the entity's new state inside the caller's transaction or savepoint; DONE
+        means the completion is still to be written (a deferral or dead letter is booked here)."""
         event, provider, transition = job.event, job.provider, job.transition
         if transition is not None:
             assert provider.ordering is not None and event.entity_key is not None
@@ -332,10 +363,6 @@ class Processor:
         if transition is not None:
             await conn.execute(db.query("set_entity_state"), provider.name, event.entity_key, transition.to)
             await conn.fetchrow(db.query("release_deferred"), provider.name, event.entity_key)
-        # The guarded UPDATE proves the lease is still ours; if it is not, raising rolls the
-        # handler's writes back with it, so a lost lease never commits an effect.
-        if not await INBOX.complete(conn, [(event.id, event.attempts)], self.worker_id):
-            raise LeaseLost()
         return Result.DONE
 
     async def _defer(self, conn: asyncpg.Connection, event: Event, provider: Provider, transition: Transition,
@@ -358,8 +385,9 @@ class Processor:
         return Result.DEFERRED
 
     async def _book_failure(self, conn: asyncpg.Connection | asyncpg.Pool, event: Event, provider: Provider,
-                            exc: Exception) -> Outcome:
-        """Book a failed attempt on ``conn`` (the pool, or the batch's transaction): retry or dead."""
+                            exc: Exception, clock_lag: float = 0.0) -> Outcome:
+        """Book a failed attempt on ``conn`` (the pool, or a batch's transaction whose now() is
+        ``clock_lag`` seconds behind the clock): retry or dead."""
         error, permanent, retry_after = describe_failure(exc)
         error = truncate_error(error, [*provider.signature.secrets, provider.destination_secret or ""])
         if permanent or event.attempts >= provider.retry.max_attempts:
@@ -368,6 +396,6 @@ class Processor:
             if not await INBOX.bury(conn, event.id, event.attempts, self.worker_id, error):
                 return Outcome(Result.LOST)
             return Outcome(Result.DEAD, error)
-        delay = provider.retry.next_delay(event.attempts, retry_after)
+        delay = provider.retry.next_delay(event.attempts, retry_after) + clock_lag
         ok = await INBOX.retry(conn, event.id, event.attempts, self.worker_id, delay, error)
         return Outcome(Result.RETRY if ok else Result.LOST)
