@@ -75,14 +75,28 @@ def nodes(plan: object) -> list[dict[str, Any]]:
     return found + [n for value in plan.values() if isinstance(value, (list, dict)) for n in nodes(value)]
 
 
+def is_ddl(sql: str) -> bool:
+    """Statements EXPLAIN cannot plan (CREATE ...); they are run and rolled back instead."""
+    code = " ".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+    return code.split(None, 1)[0].upper() in ("CREATE", "ALTER", "DROP")
+
+
 async def test_every_statement_as_written_plans(planner: asyncpg.Connection) -> None:
     planned = 0
     for filename in SQL_FILES:
         statements = db.statements(filename)
         assert statements, f"{filename} has no '-- name:' statements"
         for name, sql in statements.items():
-            await explain(planner, sql, f"{name} in {filename}")
-            planned += 1
+            if is_ddl(sql):
+                tx = planner.transaction()
+                await tx.start()
+                try:
+                    await planner.execute(sql)
+                finally:
+                    await tx.rollback()
+            else:
+                await explain(planner, sql, f"{name} in {filename}")
+                planned += 1
     assert planned > 50
 
 

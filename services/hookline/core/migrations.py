@@ -12,10 +12,16 @@ import logging
 
 import asyncpg
 
+from hookline.core import db
+
 log = logging.getLogger(__name__)
 
 # Any constant shared by every Hookline process; "hookline" as a 64-bit integer.
 _ADVISORY_LOCK_KEY = 0x686F6F6B6C696E65 - 2**63
+
+
+def _query(name: str) -> str:
+    return db.query(name, "schema_migrations.sql")
 
 
 def available() -> list[tuple[int, str, str]]:
@@ -33,22 +39,15 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
     """Apply every migration not applied yet; return the names applied."""
     applied_now: list[str] = []
     async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", _ADVISORY_LOCK_KEY)
-        await conn.execute("CREATE SCHEMA IF NOT EXISTS hookline")
-        await conn.execute(
-            """CREATE TABLE IF NOT EXISTS hookline.schema_migrations (
-                   version integer PRIMARY KEY,
-                   name text NOT NULL,
-                   applied_at timestamptz NOT NULL DEFAULT now())"""
-        )
-        done = {r["version"] for r in await conn.fetch("SELECT version FROM hookline.schema_migrations")}
+        await conn.execute(_query("lock_migrations"), _ADVISORY_LOCK_KEY)
+        await conn.execute(_query("create_schema"))
+        await conn.execute(_query("create_schema_migrations"))
+        done = {r["version"] for r in await conn.fetch(_query("applied_migrations"))}
         for version, name, sql in available():
             if version in done:
                 continue
             log.info("applying migration", extra={"migration": name})
             await conn.execute(sql)
-            await conn.execute(
-                "INSERT INTO hookline.schema_migrations (version, name) VALUES ($1, $2)", version, name
-            )
+            await conn.execute(_query("record_migration"), version, name)
             applied_now.append(name)
     return applied_now
