@@ -7,7 +7,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | $(PYTHON) -c "import sys,hashlib;print(hashlib.sha1(sys.stdin.buffer.read()).hexdigest()[:12])")
 ARGS   ?=
 
-.PHONY: run test lint typecheck pytest bench-receiver bench-worker bench-relay bench-operator-stats envtest clean help
+.PHONY: run test lint typecheck pytest bench bench-receiver bench-worker bench-relay bench-operator-stats envtest clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -41,7 +41,10 @@ envtest:  ## build etcd, kube-apiserver and kubectl once per machine (cached in 
 		echo "envtest: no Go toolchain; Kubernetes tests will be skipped (HOOKLINE_REQUIRE_K8S=1 makes that an error)"; \
 	fi
 
-bench-receiver: $(STAMP)  ## receiver throughput vs the pgbench ceiling
+bench: $(STAMP)  ## the three benchmarks in a short mode (a few minutes) and one table of every ratio and its target
+	$(BIN)/python -m benchmarks.summary
+
+bench-receiver: $(STAMP)  ## receiver throughput vs the pgbench ceiling (load from wrk when installed)
 	$(BIN)/python -m benchmarks.receiver $(ARGS)
 
 bench-worker: $(STAMP)  ## worker drain vs the pgbench ceiling, PgQueuer and procrastinate; e2e latency

@@ -45,3 +45,9 @@ async def record_start_tx(event: Event, conn: asyncpg.Connection) -> None:
     """Latency probe for the transactional path: the start time, written in the event's own transaction."""
     await conn.execute("INSERT INTO public.bench_latency (event_id, started_at) VALUES ($1, $2)",
                        event.event_id, time.time())
+
+
+async def effect_tx(event: Event, conn: asyncpg.Connection) -> None:
+    """The exactly-once effect: one row, written in the transaction that marks the event done
+    (the same row the peers' jobs write through a pool)."""
+    await conn.execute("INSERT INTO public.bench_effects (event_id) VALUES ($1)", event.event_id)

@@ -39,7 +39,7 @@ class Peer:
     name: str  # as printed
     package: str  # PyPI name, also the import name
     database: str
-    setup: Callable[[str, int], Awaitable[None]]  # (url, jobs): schema + bulk enqueue
+    setup: Callable[[str, int, str], Awaitable[None]]  # (url, jobs, task): schema + bulk enqueue
     remaining_sql: str  # jobs not finished yet (queued or in progress)
 
 
@@ -75,18 +75,30 @@ def version(package: str) -> str:
     return dist_version(package)
 
 
+# Task "effect": the job writes one row, the same row Hookline's exactly-once benchmark handler
+# writes in its event's transaction; a peer writes it through a pool of its worker's own (at least once).
+EFFECT_TABLE = "CREATE TABLE IF NOT EXISTS public.bench_effects (event_id text NOT NULL)"
+EFFECT = "INSERT INTO public.bench_effects (event_id) VALUES ($1)"
+TASKS = ("noop", "effect")
+
+
+async def effect_pool(url: str, concurrency: int) -> asyncpg.Pool:
+    return await asyncpg.create_pool(url, min_size=1, max_size=concurrency)
+
+
 # --- PgQueuer ---------------------------------------------------------------------------------------
 
-async def pgqueuer_setup(url: str, jobs: int) -> None:
+async def pgqueuer_setup(url: str, jobs: int, task: str) -> None:
     from pgqueuer import AsyncpgDriver, Queries
 
     conn = await asyncpg.connect(url)
     try:
+        await conn.execute(EFFECT_TABLE)
         queries = Queries(AsyncpgDriver(conn))
         await queries.install()
         for start in range(0, jobs, CHUNK):
             n = min(CHUNK, jobs - start)
-            await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
+            await queries.enqueue([task] * n, [None] * n, [0] * n)
     finally:
         await conn.close()
 
@@ -95,11 +107,16 @@ async def pgqueuer_worker(url: str, concurrency: int) -> None:
     from pgqueuer import AsyncpgDriver, Job, PgQueuer
 
     conn = await asyncpg.connect(url)
+    pool = await effect_pool(url, concurrency)
     pgq = PgQueuer(AsyncpgDriver(conn))
 
     @pgq.entrypoint("noop")
     async def noop(job: Job) -> None:
         pass
+
+    @pgq.entrypoint("effect")
+    async def effect(job: Job) -> None:
+        await pool.execute(EFFECT, str(job.id))
 
     # PgQueuer requires max_concurrent_tasks >= 2 * batch_size; this pair gives it the
     # same number of jobs in flight as a Hookline worker with --concurrency N.
@@ -107,6 +124,9 @@ async def pgqueuer_worker(url: str, concurrency: int) -> None:
 
 
 # --- procrastinate ---------------------------------------------------------------------------------
+
+_procrastinate_pool: list[asyncpg.Pool] = []  # the worker's effect pool, once it runs
+
 
 def procrastinate_app(url: str) -> Any:
     import procrastinate
@@ -117,19 +137,30 @@ def procrastinate_app(url: str) -> Any:
     async def noop() -> None:
         pass
 
+    @app.task(name="effect")
+    async def effect(n: int) -> None:
+        await _procrastinate_pool[0].execute(EFFECT, str(n))
+
     return app
 
 
-async def procrastinate_setup(url: str, jobs: int) -> None:
+async def procrastinate_setup(url: str, jobs: int, task: str) -> None:
     app = procrastinate_app(url)
     async with app.open_async():
         await app.schema_manager.apply_schema_async()
-        task = app.tasks["noop"]
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(EFFECT_TABLE)
+        finally:
+            await conn.close()
+        deferrer = app.tasks[task]
         for start in range(0, jobs, CHUNK):
-            await task.batch_defer_async(*({} for _ in range(min(CHUNK, jobs - start))))
+            await deferrer.batch_defer_async(*({"n": n} if task == "effect" else {}
+                                               for n in range(start, min(jobs, start + CHUNK))))
 
 
 async def procrastinate_worker(url: str, concurrency: int) -> None:
+    _procrastinate_pool.append(await effect_pool(url, concurrency))
     app = procrastinate_app(url)
     async with app.open_async():
         await app.run_worker_async(concurrency=concurrency, wait=True)

@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import time
-from pathlib import Path
 
 from aiohttp import web
 
-from benchmarks.common import BenchDatabase, free_port, percentile, start_service
+from benchmarks.common import BenchDatabase, Usage, free_port, percentile, record, start_service
 from hookline.core import db
 from hookline.relay import endpoints
 
@@ -66,12 +64,6 @@ async def produce(url: str, count: int, batch: int, rate: float | None) -> dict[
     return committed
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux), to compare runs on a busy machine."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=50_000)
@@ -79,6 +71,7 @@ async def main() -> None:
     parser.add_argument("--batch", type=int, default=100, help="events per producer transaction")
     parser.add_argument("--rate", type=float, default=None, help="producer events/s (default: as fast as it can)")
     parser.add_argument("--relay-args", default="", help="extra flags for `hookline relay`")
+    parser.add_argument("--results", default=None, help="append the figures as JSON lines (for make bench)")
     args = parser.parse_args()
 
     database = BenchDatabase()
@@ -99,12 +92,15 @@ async def main() -> None:
         relay_port = free_port()
         proc = start_service(["relay", "--allow-private-networks", "--host", "127.0.0.1", "--port", str(relay_port),
                               "--concurrency", str(args.concurrency), *args.relay_args.split()], url, relay_port)
+        usage = Usage([proc.pid])
         try:
+            usage.start()
             started = time.time()
             committed = await produce(url, args.events, args.batch, args.rate)
             produced = time.time()
             await asyncio.wait_for(sink.all_arrived.wait(), timeout=600)
-            relay_cpu = cpu_seconds(proc.pid)
+            await usage.stop()
+            relay_cpu = usage.cpu
         finally:
             proc.terminate()
             proc.wait(30)
@@ -117,7 +113,10 @@ async def main() -> None:
               f"({'unthrottled' if not args.rate else f'throttled to {args.rate:,.0f}/s'}, "
               f"{args.batch} per transaction)")
         print(f"relay process CPU: {relay_cpu:.1f} s = {relay_cpu / args.events * 1e6:,.0f} us per delivery "
-              f"(a ceiling of {args.events / relay_cpu:,.0f} deliveries/s per core when nothing else competes)")
+              f"(target <= 160 us; a ceiling of {args.events / relay_cpu:,.0f} deliveries/s per core when nothing "
+              f"else competes); RSS under load {usage.describe_rss()} (target <= 100 MB)")
+        record(args.results, "relay", "relay CPU per delivery", relay_cpu / args.events * 1e6, "<= 160", "us")
+        record(args.results, "relay", "relay RSS", usage.max_rss, "<= 100", "MB")
         print(f"commit-to-delivery latency: p50 {percentile(latencies, 50) * 1000:.1f} ms, "
               f"p99 {percentile(latencies, 99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms")
     finally:

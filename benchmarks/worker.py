@@ -43,7 +43,7 @@ from pathlib import Path
 import asyncpg
 
 from benchmarks import peers
-from benchmarks.common import BenchDatabase, free_port, percentile, start_service
+from benchmarks.common import BenchDatabase, Usage, checkpoint, free_port, percentile, record, start_service
 from hookline.core.embedded import binary
 from hookline.core.queue import INBOX
 from hookline.core.signatures import sign_standard_webhooks
@@ -96,10 +96,21 @@ class Drain:
     seconds: float  # first visible progress -> backlog zero (or the budget ran out)
     wall: float  # process spawn -> end
     total: int  # the backlog at the start
+    usage: Usage | None = None  # the worker processes' RSS and CPU while draining
 
     @property
     def rate(self) -> float:
         return self.jobs / self.seconds
+
+    @property
+    def cpu_us(self) -> float:
+        """Worker processes' CPU per finished job (start-up included), in microseconds."""
+        return self.usage.cpu / max(self.jobs, 1) * 1e6 if self.usage else float("nan")
+
+    def describe_usage(self) -> str:
+        if self.usage is None:
+            return ""
+        return f"RSS {self.usage.describe_rss()}, CPU {self.cpu_us:,.0f} us/event"
 
     def describe(self, unit: str) -> str:
         done = f"{self.jobs:,} {unit} in {self.seconds:.2f} s"
@@ -144,6 +155,8 @@ async def drain(conn: asyncpg.Connection, remaining_sql: str, args: tuple[object
     total = int(await conn.fetchval(remaining_sql, *args))
     spawned = time.monotonic()
     procs = spawn()
+    usage = Usage([p.pid for p in procs])
+    usage.start()
     try:
         previous = spawned
         started: float | None = None
@@ -158,7 +171,8 @@ async def drain(conn: asyncpg.Connection, remaining_sql: str, args: tuple[object
                 started = previous
             if remaining == 0 or (started is not None and now - started > budget):
                 assert started is not None
-                return Drain(start_remaining - remaining, now - started, now - spawned, total)
+                await usage.stop()
+                return Drain(start_remaining - remaining, now - started, now - spawned, total, usage)
             if now - spawned > budget + 60:
                 raise RuntimeError(f"no progress in {now - spawned:.0f} s ({remaining:,} of {total:,} left)")
             dead = [p for p in procs if p.poll() is not None]
@@ -185,8 +199,8 @@ def hookline_workers(url: str, provider: str, args: argparse.Namespace, log_file
 
 
 async def run_hookline(conn: asyncpg.Connection, url: str, provider: str, args: argparse.Namespace,
-                       work: Path) -> Drain:
-    await preload(conn, provider, args.events)
+                       work: Path, events: int | None = None) -> Drain:
+    await preload(conn, provider, events or args.events)
     log_file = work / f"worker-{provider}.log"
     result = await drain(conn, HOOKLINE_REMAINING, (provider,),
                          lambda: hookline_workers(url, provider, args, log_file), [log_file], args.budget)
@@ -263,23 +277,24 @@ async def run_ceiling(conn: asyncpg.Connection, url: str, args: argparse.Namespa
 
 # --- Peers -------------------------------------------------------------------------------------------
 
-async def run_peer(peer: peers.Peer, database: BenchDatabase, args: argparse.Namespace, work: Path
-                   ) -> Drain | str:
-    """The peer's drain, or why it could not be measured."""
+async def run_peer(peer: peers.Peer, database: BenchDatabase, args: argparse.Namespace, work: Path,
+                   task: str = "noop", events: int | None = None, label: str = "") -> Drain | str:
+    """The peer's drain of ``events`` jobs of ``task`` (in a database of its own), or why it could not be measured."""
     error = await asyncio.to_thread(peers.ensure_installed, peer.package)
     if error:
         return error
+    name = f"{peer.database}_{task}{label}"
     admin = await asyncpg.connect(database.server.url)
     try:
-        await admin.execute(f'CREATE DATABASE "{peer.database}"')
+        await admin.execute(f'CREATE DATABASE "{name}"')
     finally:
         await admin.close()
-    url = database.server.url_for(peer.database)
+    url = database.server.url_for(name)
     try:
-        await peer.setup(url, args.events)
+        await peer.setup(url, events or args.events, task)
     except Exception as exc:  # a peer's API change must not sink the rest of the run
         return f"setup failed: {type(exc).__name__}: {exc}"
-    log_file = work / f"peer-{peer.package}.log"
+    log_file = work / f"peer-{name}.log"
 
     def spawn() -> list[subprocess.Popen[bytes]]:
         out = open(log_file, "ab")  # noqa: SIM115 - handed to the child processes
@@ -412,7 +427,72 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "n/a"
 
 
-async def main() -> None:
+# --- The exactly-once effect against the peers' at-least-once effect -----------------------------------
+
+def effect_providers(rounds: int) -> str:
+    """One provider per round of the effect comparison, so every round drains fresh rows of its own."""
+    return "".join(f"""
+---
+kind: WebhookProvider
+metadata: {{name: effect-tx-{n}}}
+spec:
+  signature: {{scheme: none}}
+  handler: "benchmarks.handlers:effect_tx"
+""" for n in range(rounds))
+
+
+@dataclass(frozen=True)
+class EffectRound:
+    hookline: Drain
+    peers: dict[str, Drain | str]
+
+
+async def run_effect_rounds(conn: asyncpg.Connection, url: str, database: BenchDatabase, args: argparse.Namespace,
+                            work: Path) -> list[EffectRound]:
+    """Hookline's exactly-once path (the handler writes one row in the event's transaction) against
+    the peers whose jobs write the same row through a pool, alternating, CHECKPOINT before each."""
+    await conn.execute(peers.EFFECT_TABLE)
+    rounds = []
+    for n in range(args.rounds):
+        await checkpoint(url)
+        log(f"round {n + 1}: hookline (event, conn) handler writing one effect row, {args.effect_events:,} events")
+        hookline = await run_hookline(conn, url, f"effect-tx-{n}", args, work, args.effect_events)
+        log(f"  {hookline.rate:,.0f} events/s")
+        results: dict[str, Drain | str] = {}
+        for peer in [] if args.no_peers else peers.PEERS:
+            await checkpoint(url)
+            log(f"round {n + 1}: {peer.name} job writing one effect row through a pool")
+            result = await run_peer(peer, database, args, work, "effect", args.effect_events, f"_{n}")
+            log(f"  {result.rate:,.0f} jobs/s" if isinstance(result, Drain) else f"  {result}")
+            results[peer.package] = result
+        rounds.append(EffectRound(hookline, results))
+    return rounds
+
+
+def effect_lines(rounds: list[EffectRound], args: argparse.Namespace) -> list[str]:
+    hook_rates = [r.hookline.rate for r in rounds]
+    lines = [f"exactly-once effect, hookline (event, conn) handler writing one row: "
+             f"{', '.join(f'{x:,.0f}' for x in hook_rates)} events/s per round ({args.effect_events:,} events, "
+             f"{shape(args)}; {rounds[0].hookline.describe_usage()})"]
+    for peer in [] if args.no_peers else peers.PEERS:
+        per_round = [r.peers[peer.package] for r in rounds]
+        failed = [d for d in per_round if not isinstance(d, Drain)]
+        if failed:
+            lines.append(f"  {peer.name}: not measured: {failed[0]}")
+            continue
+        rates = [d.rate for d in per_round if isinstance(d, Drain)]
+        overall = sum(hook_rates) / sum(rates)
+        each = ", ".join(f"{h / p:.2f}" for h, p in zip(hook_rates, rates, strict=True))
+        target = ">= 1.5" if peer.package == "pgqueuer" else "> 1.0"
+        lines.append(f"  {peer.name} {peers.version(peer.package)}, job writing the same row through a pool (at least "
+                     f"once): {', '.join(f'{x:,.0f}' for x in rates)} jobs/s per round; ratio hookline/{peer.name} "
+                     f"{overall:.2f}x (rounds {each}; target {target}x)")
+        record(args.results, "worker", f"exactly-once effect / {peer.name} {peers.version(peer.package)} effect",
+               overall, target)
+    return lines
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=100_000, help="rows/jobs preloaded per drain (default 100000)")
     parser.add_argument("--quick", action="store_true", help="20,000 events and a 5 s latency run")
@@ -426,27 +506,39 @@ async def main() -> None:
     parser.add_argument("--no-peers", action="store_true", help="skip PgQueuer and procrastinate")
     parser.add_argument("--latency-rate", type=float, default=200.0, help="events/s for the latency run")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--effect-events", type=int, default=20_000,
+                        help="events/jobs per round of the exactly-once effect comparison (default 20000)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="alternating rounds of the effect comparison, CHECKPOINT before each run (default 2)")
+    parser.add_argument("--results", default=None, help="append the figures as JSON lines (for make bench)")
     args = parser.parse_args()
     if args.quick:
         args.events = min(args.events, 20_000)
+        args.effect_events = min(args.effect_events, 10_000)
         args.latency_seconds = min(args.latency_seconds, 5.0)
-    # The worker processes import benchmarks.handlers; they run from the repo root.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    os.chdir(REPO)
+        args.budget = min(args.budget, 20.0)
+    return args
 
-    database = BenchDatabase()
-    url = await database.start()
-    work = Path(database.tmp.name)
-    lines: list[str] = []
+
+@dataclass(frozen=True)
+class Results:
+    plain: Drain  # hookline, handler(event)
+    tx: Drain  # hookline, handler(event, conn)
+    ceiling: Ceiling
+    peers: list[tuple[peers.Peer, Drain | str]]  # a peer's drain, or why it was not measured
+    latencies: dict[str, Latency]  # by provider: "latency", "latency-tx"
+    effects: list[EffectRound]  # the exactly-once effect against the peers', round by round
+
+
+async def measure(url: str, database: BenchDatabase, args: argparse.Namespace, work: Path) -> Results:
+    """Every run, one after the other on the one Postgres, logging each result as it comes."""
+    from hookline.core import db
+    from hookline.core.providers import apply_providers
+
+    conn = await db.connect(url)
     try:
-        from hookline.core import db
-        from hookline.core.providers import apply_providers
-
-        conn = await db.connect(url)
-        await apply_providers(conn, PROVIDERS)
-        shape = f"{args.processes} processes x concurrency {args.concurrency}"
-
-        log(f"hookline no-op drain of {args.events:,} events ({shape})")
+        await apply_providers(conn, PROVIDERS + effect_providers(args.rounds))
+        log(f"hookline no-op drain of {args.events:,} events ({shape(args)})")
         plain = await run_hookline(conn, url, "noop", args, work)
         log(f"  {plain.rate:,.0f} events/s")
         log("hookline transactional no-op drain")
@@ -456,52 +548,89 @@ async def main() -> None:
         ceiling = await run_ceiling(conn, url, args)
         log(f"  {ceiling.rate:,.0f} events/s")
         peer_results: list[tuple[peers.Peer, Drain | str]] = []
-        if not args.no_peers:
-            for peer in peers.PEERS:
-                log(f"{peer.name} drain")
-                result = await run_peer(peer, database, args, work)
-                log(f"  {result.rate:,.0f} jobs/s" if isinstance(result, Drain) else f"  {result}")
-                peer_results.append((peer, result))
+        for peer in [] if args.no_peers else peers.PEERS:
+            log(f"{peer.name} drain")
+            result = await run_peer(peer, database, args, work)
+            log(f"  {result.rate:,.0f} jobs/s" if isinstance(result, Drain) else f"  {result}")
+            peer_results.append((peer, result))
+        effects = await run_effect_rounds(conn, url, database, args, work)
         latencies: dict[str, Latency] = {}
         for provider in ("latency", "latency-tx"):
             log(f"{provider}: {args.latency_rate:g} events/s for {args.latency_seconds:g} s through the receiver")
             latencies[provider] = await run_latency(conn, url, provider, args, work)
             log(f"  p50 {latencies[provider].p50_ms:.1f} ms")
+    finally:
         await conn.close()
+    return Results(plain, tx, ceiling, peer_results, latencies, effects)
 
-        lines.append(f"hookline worker, no-op handler (event):         {plain.rate:>9,.0f} events/s  "
-                     f"({plain.describe('events')}; {shape})")
-        lines.append(f"hookline worker, no-op handler (event, conn):   {tx.rate:>9,.0f} events/s  "
-                     f"({tx.describe('events')})")
-        clients = args.ceiling_clients or args.processes
-        lines.append(f"ceiling, pgbench claim+complete (same SQL):     {ceiling.rate:>9,.0f} events/s  "
-                     f"({ceiling.tps:,.0f} tps x batch {args.concurrency}, {clients} clients, "
-                     f"{ceiling.done:,} rows done in {ceiling.transactions:,} transactions)")
-        lines.append(f"  ratio hookline/ceiling: {plain.rate / ceiling.rate:.2f} (target >= 0.70); "
-                     f"transactional handler {tx.rate / ceiling.rate:.2f}")
-        for peer, result in peer_results:
-            label = f"{peer.name} {peers.version(peer.package) if isinstance(result, Drain) else ''}".strip()
-            if isinstance(result, Drain):
-                lines.append(f"{label + ', no-op job:':<48}{result.rate:>9,.0f} jobs/s    "
-                             f"({result.describe('jobs')}; {shape})")
-                target = ">= 1.2" if peer.package == "pgqueuer" else "> 1.0"
-                lines.append(f"  ratio hookline/{peer.name}: {ratio(plain.rate, result.rate)} (target {target}x); "
-                             f"transactional handler {ratio(tx.rate, result.rate)}")
-            else:
-                lines.append(f"{peer.name}: not measured: {result}")
-        lines.append(f"latency, receiver 200 -> handler start, {args.latency_rate:g} events/s for "
-                     f"{args.latency_seconds:g} s (target p50 <= 20 ms):")
-        for provider, label in (("latency", "handler (event)"), ("latency-tx", "handler (event, conn)")):
-            lat = latencies[provider]
-            lines.append(f"  {label + ':':<24}p50 {lat.p50_ms:6.1f} ms, p99 {lat.p99_ms:6.1f} ms, "
-                         f"max {lat.max_ms:6.1f} ms ({lat.handled}/{lat.sent} handled, {lat.non_200} non-200)")
+
+def shape(args: argparse.Namespace) -> str:
+    return f"{args.processes} processes x concurrency {args.concurrency}"
+
+
+def report(results: Results, args: argparse.Namespace) -> list[str]:
+    """The summary lines: each run, its ratio to the ceiling and to each peer, and the latencies."""
+    plain, tx, ceiling = results.plain, results.tx, results.ceiling
+    clients = args.ceiling_clients or args.processes
+    lines = [
+        f"hookline worker, no-op handler (event):         {plain.rate:>9,.0f} events/s  "
+        f"({plain.describe('events')}; {shape(args)}; {plain.describe_usage()})",
+        f"hookline worker, no-op handler (event, conn):   {tx.rate:>9,.0f} events/s  "
+        f"({tx.describe('events')}; {tx.describe_usage()})",
+        f"  ratio transactional/one-parameter no-op: {tx.rate / plain.rate:.2f} (target >= 0.5)",
+        f"ceiling, pgbench claim+complete (same SQL):     {ceiling.rate:>9,.0f} events/s  "
+        f"({ceiling.tps:,.0f} tps x batch {args.concurrency}, {clients} clients, "
+        f"{ceiling.done:,} rows done in {ceiling.transactions:,} transactions)",
+        f"  ratio hookline/ceiling: {plain.rate / ceiling.rate:.2f} (target >= 0.70); "
+        f"transactional handler {tx.rate / ceiling.rate:.2f}",
+    ]
+    for peer, result in results.peers:
+        lines += peer_lines(peer, result, results, args)
+    lines += effect_lines(results.effects, args)
+    drains = [plain, tx, *(r.hookline for r in results.effects)]
+    worker_rss = max(d.usage.max_rss for d in drains if d.usage)
+    lines.append(f"worker RSS under load: largest process {worker_rss:.0f} MB (target <= 100 MB); CPU per event "
+                 f"(worker processes, start-up included): no-op {plain.cpu_us:,.0f} us, (event, conn) no-op "
+                 f"{tx.cpu_us:,.0f} us, effect {results.effects[0].hookline.cpu_us:,.0f} us")
+    record(args.results, "worker", "one-parameter no-op / pgbench claim+complete", plain.rate / ceiling.rate, ">= 0.7")
+    record(args.results, "worker", "(event, conn) no-op / one-parameter no-op", tx.rate / plain.rate, ">= 0.5")
+    record(args.results, "worker", "worker RSS (largest process)", worker_rss, "<= 100", "MB")
+    lines.append(f"latency, receiver 200 -> handler start, {args.latency_rate:g} events/s for "
+                 f"{args.latency_seconds:g} s (target p50 <= 20 ms):")
+    for provider, label in (("latency", "handler (event)"), ("latency-tx", "handler (event, conn)")):
+        lat = results.latencies[provider]
+        lines.append(f"  {label + ':':<24}p50 {lat.p50_ms:6.1f} ms, p99 {lat.p99_ms:6.1f} ms, "
+                     f"max {lat.max_ms:6.1f} ms ({lat.handled}/{lat.sent} handled, {lat.non_200} non-200)")
+    return lines
+
+
+def peer_lines(peer: peers.Peer, result: Drain | str, results: Results, args: argparse.Namespace) -> list[str]:
+    if not isinstance(result, Drain):
+        return [f"{peer.name}: not measured: {result}"]
+    label = f"{peer.name} {peers.version(peer.package)}"
+    target = ">= 1.2" if peer.package == "pgqueuer" else "> 1.0"
+    return [
+        f"{label + ', no-op job:':<48}{result.rate:>9,.0f} jobs/s    ({result.describe('jobs')}; {shape(args)})",
+        f"  ratio hookline/{peer.name}: {ratio(results.plain.rate, result.rate)} (target {target}x); "
+        f"transactional handler {ratio(results.tx.rate, result.rate)}",
+    ]
+
+
+async def main() -> None:
+    args = parse_args()
+    # The worker processes import benchmarks.handlers; they run from the repo root.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    os.chdir(REPO)
+    database = BenchDatabase()
+    url = await database.start()
+    try:
+        results = await measure(url, database, args, Path(database.tmp.name))
     finally:
         database.stop()
     print()
     print("$ " + " ".join([Path(sys.executable).name, "-m", "benchmarks.worker", *sys.argv[1:]]))
-    for line in lines:
+    for line in report(results, args):
         print(line)
-
 
 if __name__ == "__main__":
     asyncio.run(main())
