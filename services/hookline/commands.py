@@ -95,7 +95,7 @@ async def receiver(args: argparse.Namespace) -> int:
     from hookline.receiver.app import Receiver
 
     # The registry's LISTEN connection is the listener's, outside the pool; the total stays pools.receiver.
-    size = pools.receiver(args.db_connections) - 1
+    size = pools.receiver(args.db_connections) - pools.LISTEN
     pool = await db.create_pool(min_size=size, max_size=size, lean=True)
     listener = Listener(DedicatedConnection())
     await listener.start()
@@ -124,7 +124,8 @@ async def worker(args: argparse.Namespace) -> int:
         return _fail("--concurrency must be at least 1")
     # Connections open as load asks for them (an idle worker holds a few), up to the size the operator's
     # connection budget counts per worker pod: the pool, the shared LISTEN and the maintenance leader's lock.
-    pool = await db.create_pool(min_size=2, max_size=pools.worker(args.concurrency) - 2, lean=True)
+    pool = await db.create_pool(min_size=2, max_size=pools.worker(args.concurrency) - pools.LISTEN - pools.LEADER_LOCK,
+                                lean=True)
     listener = Listener(DedicatedConnection())
     await listener.start()
     registry = ProviderRegistry(pool, listener=listener)
@@ -192,7 +193,7 @@ async def relay(args: argparse.Namespace) -> int:
         return _fail("; ".join(problems))
     allow_private = args.allow_private_networks or env_flag("HOOKLINE_ALLOW_PRIVATE_NETWORKS")
     # The pool, the LISTEN connection and the maintenance leader's lock: pools.relay in all.
-    pool = await db.create_pool(max_size=pools.relay(args.concurrency) - 2)
+    pool = await db.create_pool(max_size=pools.relay(args.concurrency) - pools.LISTEN - pools.LEADER_LOCK)
     listener = Listener(DedicatedConnection())
     service = Relay(pool, concurrency=args.concurrency, allow_private_networks=allow_private,
                     host=args.host, port=args.port, poll_interval=args.poll_interval,

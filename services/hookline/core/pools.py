@@ -3,12 +3,15 @@ their pools, the operator's connection budget, and the chart's arithmetic (tests
 
 from __future__ import annotations
 
+# Each process's dedicated connections (core/dedicated.py), outside its pool but inside the totals
+# below: the one LISTEN connection, and the maintenance leader's lock (workers and relays).
+LISTEN, LEADER_LOCK = 1, 1
 # Connections beyond the receiver's batch writers: the provider registry's LISTEN and /readyz.
 RECEIVER_EXTRA = 2
 # The relay's pool: its claim/complete loops and maintenance need few more than 16 however many
 # deliveries are in flight (those wait on HTTP, not on Postgres).
 RELAY_CAP, RELAY_EXTRA = 16, 4
-# Beyond the worker's concurrency: completer, heartbeat, LISTEN, stats and the registry.
+# Beyond the worker's concurrency: completer and heartbeat, stats and the registry, LISTEN and the leader lock.
 WORKER_EXTRA = 4
 OPERATOR = 5
 
