@@ -58,7 +58,9 @@ async def refresh(pool: asyncpg.Pool, cache: StatsCache) -> None:
     except DATABASE_ERRORS as exc:
         cache.error = f"cannot read the inbox statistics ({type(exc).__name__})"
         log.warning("inbox statistics unavailable", extra={"error": str(exc)})
+        metrics.operator_dependency_up.labels("postgres").set(0)
         return
+    metrics.operator_dependency_up.labels("postgres").set(1)
     cache.latest = Snapshot(time.monotonic(), providers)
     cache.refreshes += 1
     publish_metrics(providers, cache.published)

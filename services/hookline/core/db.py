@@ -23,6 +23,7 @@ from typing import Any
 
 import asyncpg
 
+from hookline.core import metrics
 from hookline.core.config import database_url
 
 _QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -140,6 +141,7 @@ async def create_pool(
         **({"reset": _keep_session} if lean else {}),
     )
     assert pool is not None
+    metrics.track_pool(pool)
     return pool
 
 

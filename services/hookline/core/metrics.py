@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncpg
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
 # The *_created series double the output and nobody alerts on them.
@@ -125,3 +126,49 @@ relay_circuit_transitions = Counter(
     ["endpoint", "to"],
 )
 outbox_retention_deleted = Counter("hookline_outbox_retention_deleted_total", "Delivered events deleted by retention.")
+outbox_endpoint_disabled = Gauge(
+    "hookline_outbox_endpoint_disabled",
+    "1 while the endpoint is disabled (it answered 410 Gone, or an operator disabled it); its deliveries are parked.",
+    ["endpoint"],
+)
+
+operator_dependency_up = Gauge(
+    "hookline_operator_dependency_up",
+    "1 when the operator's last call to the dependency (postgres, kubernetes) was answered, else 0.",
+    ["dependency"],
+)
+worker_concurrency = Gauge(
+    "hookline_worker_concurrency",
+    "Events this worker process may handle at once; 0 in processes that are not workers (count the ones above 0 "
+    "to count worker processes).",
+)
+
+# Connection pools of this process, read at scrape time (asyncpg pools cannot be weakly referenced,
+# so closed pools are dropped when read).
+_pools: list[asyncpg.Pool] = []
+db_pool_connections = Gauge(
+    "hookline_db_pool_connections", "Postgres connections of this process's pools, by state (in_use, idle).",
+    ["state"],
+)
+db_pool_max_connections = Gauge(
+    "hookline_db_pool_max_connections", "The most Postgres connections this process's pools may open."
+)
+
+
+def track_pool(pool: asyncpg.Pool) -> None:
+    """Report ``pool`` in the hookline_db_pool_* gauges while it is open."""
+    _pools.append(pool)
+
+
+def _open_pools() -> list[asyncpg.Pool]:
+    _pools[:] = [pool for pool in _pools if not pool.is_closing()]
+    return _pools
+
+
+def _in_use() -> float:
+    return float(sum(pool.get_size() - pool.get_idle_size() for pool in _open_pools()))
+
+
+db_pool_connections.labels("in_use").set_function(_in_use)
+db_pool_connections.labels("idle").set_function(lambda: float(sum(p.get_idle_size() for p in _open_pools())))
+db_pool_max_connections.set_function(lambda: float(sum(p.get_max_size() for p in _open_pools())))

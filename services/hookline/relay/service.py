@@ -395,3 +395,4 @@ class Relay(LeasedConsumer):
             state = endpoint.circuit.state if endpoint is not None else CircuitState.CLOSED
             metrics.relay_circuit_state.labels(name).set(breaker.STATE_VALUE[state])
             metrics.relay_circuit_open.labels(name).set(int(state is not CircuitState.CLOSED))
+            metrics.outbox_endpoint_disabled.labels(name).set(int(endpoint is not None and not endpoint.enabled))

@@ -20,7 +20,7 @@ from typing import Any
 
 import asyncpg
 
-from hookline.core import delivery
+from hookline.core import delivery, metrics
 from hookline.core.batching import Batcher
 from hookline.core.consumer import LeasedConsumer
 from hookline.core.listener import Listener
@@ -95,6 +95,7 @@ class Worker(LeasedConsumer):
     async def start(self) -> None:
         self.completer.start()
         await self.start_loops()
+        metrics.worker_concurrency.set(self.concurrency)
         log.info("worker started", extra={"worker": self.worker_id, "providers": self.only or "all",
                                           "concurrency": self.concurrency})
 
