@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from hookline.core.config import database_url
-    from hookline_operator import handlers  # noqa: F401  (registers the handlers)
+    from hookline_operator import apiserver_probe, handlers  # noqa: F401  (register the handlers)
     from hookline_operator.memo import OperatorMemo
 
     database_url()  # fail fast with a clear message when it is not set
