@@ -44,6 +44,7 @@ HELP: dict[tuple[str, ...], list[str]] = {
     ("providers", "apply"): ["--filename"],
     ("providers", "list"): ["--log-level"],
     ("providers", "delete"): ["name"],
+    ("status",): ["--output", "--max-oldest-due", "Exit status", "HOOKLINE_DATABASE_URL", "examples:"],
 }
 
 

@@ -318,6 +318,26 @@ def configure_providers_parser(subparsers: Subparsers) -> None:
     _add_common(delete)
 
 
+def configure_status_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "status", "what is stuck, for which provider or endpoint, since when",
+        description="Per provider: events due, retrying, deferred, processing and dead, how long the oldest "
+        "due event has waited, events accepted and attempts failed in the last 5 minutes. Per endpoint: "
+        "deliveries pending, parked and dead, the circuit, the last answer. Reads indexes only.\n\n"
+        "Exit status: 0 healthy; 1 unhealthy, which means any of: dead events or dead deliveries, a "
+        "provider whose oldest due event has waited longer than --max-oldest-due, an endpoint whose "
+        "circuit is open, an endpoint disabled (by a 410). Retries, deferrals and half-open circuits are "
+        "normal operation. 2: bad arguments or no database.",
+        examples="  hookline status\n"
+        "  hookline status -o json | jq '.providers[] | select(.dead > 0)'\n"
+        "  hookline status --max-oldest-due 60 || page-the-on-call\n")
+    p.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                   help="table for people (default) or json for scripts")
+    p.add_argument("--max-oldest-due", type=_positive(float), default=300.0, metavar="SECONDS",
+                   help="a provider whose oldest due event has waited longer is unhealthy (default 300)")
+    _add_common(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hookline",
@@ -329,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for configure in (configure_dev_parser, configure_migrate_parser, configure_receiver_parser,
                       configure_worker_parser, configure_dlq_parser, configure_relay_parser,
-                      configure_endpoints_parser, configure_operator_parser, configure_providers_parser):
+                      configure_endpoints_parser, configure_operator_parser, configure_providers_parser,
+                      configure_status_parser):
         configure(subparsers)
     return parser
 
@@ -408,5 +429,6 @@ def main(argv: list[str] | None = None) -> None:
         "dlq": commands.dlq,
         "relay": commands.relay,
         "endpoints": commands.endpoints_cmd,
+        "status": commands.status,
     }[args.command]
     sys.exit(_run(handler, args))

@@ -259,6 +259,20 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+async def status(args: argparse.Namespace) -> int:
+    import json
+
+    from hookline.core.status import collect, render_table
+
+    conn = await _connect()
+    try:
+        found = await collect(conn, max_oldest_due_seconds=args.max_oldest_due)
+    finally:
+        await conn.close()
+    print(json.dumps(found.as_json(), indent=2) if args.output == "json" else render_table(found))
+    return 1 if found.problems() else 0
+
+
 async def dev(args: argparse.Namespace) -> int:
     from hookline.dev import run_dev
 

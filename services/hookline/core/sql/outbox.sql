@@ -78,11 +78,20 @@ FROM hookline.outbox AS o, hookline.endpoints AS e
 WHERE o.id = ANY($1::bigint[]) AND e.name = $2;
 
 -- name: record_responses
--- The last answer of each delivery (called in the transaction that completes or retries it).
-UPDATE hookline.deliveries AS d
-SET last_status = r.status, last_response = r.body, last_latency_ms = r.latency_ms
-FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::float8[]) AS r(id, status, body, latency_ms)
-WHERE d.id = r.id;
+-- The last answer of each delivery (called in the transaction that completes or retries it),
+-- also written into the attempt the completion logged (migration 0013).
+WITH answers AS (
+    SELECT * FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::float8[]) AS r(id, status, body, latency_ms)
+), recorded AS (
+    UPDATE hookline.deliveries AS d
+    SET last_status = r.status, last_response = r.body, last_latency_ms = r.latency_ms
+    FROM answers AS r
+    WHERE d.id = r.id
+    RETURNING d.id, d.attempts
+)
+UPDATE hookline.attempts AS a SET http_status = r.status, latency_ms = r.latency_ms
+FROM answers AS r JOIN recorded USING (id)
+WHERE a.queue = 'deliveries' AND a.row_id = r.id AND a.attempt = recorded.attempts AND a.latency_ms IS NULL;
 
 -- name: lock_circuits
 -- The circuit breaker columns of endpoints $1 (sorted by the caller: relays lock
