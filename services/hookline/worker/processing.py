@@ -39,6 +39,7 @@ Three paths, chosen by the provider:
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import inspect
 import logging
@@ -62,6 +63,15 @@ from hookline.worker.event import Event
 log = logging.getLogger(__name__)
 
 Handler = Callable[..., Awaitable[None]]
+
+
+@functools.cache
+def _completion_template() -> str:
+    """``complete_in_batch`` with its parameters as format fields, rendered once."""
+    lines = db.query("complete_in_batch").splitlines()
+    sql = "\n".join(line for line in lines if not line.lstrip().startswith("--")).strip().rstrip(";")
+    assert "{" not in sql and "}" not in sql
+    return re.sub(r"\$([123])\b", lambda m: "{" + str(int(m.group(1)) - 1) + "}", sql)
 
 
 class Result(Enum):
@@ -221,6 +231,7 @@ class Processor:
         self._concurrency = max(1, concurrency)
         self._batch_seconds = batch_seconds
         self._batches: dict[str, TransactionBatches] = {}
+        self._quoted_worker_id = "'" + worker_id.replace("'", "''") + "'"
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Let running batches commit (their callers are gone or done); cut them off after ``timeout``."""
@@ -311,9 +322,7 @@ class Processor:
     def _complete_in_batch(self, event: Event) -> str:
         """``complete_in_batch`` with its values as literals (a multi-statement round trip takes no
         parameters): two integers, and this worker's id quoted."""
-        values = {"1": str(int(event.id)), "2": str(int(event.attempts)),
-                  "3": "'" + self.worker_id.replace("'", "''") + "'"}
-        return re.sub(r"\$([123])\b", lambda m: values[m.group(1)], db.query("complete_in_batch")).rstrip().rstrip(";")
+        return _completion_template().format(int(event.id), int(event.attempts), self._quoted_worker_id)
 
     async def _book_effect(self, event: Event, provider: Provider) -> Result:
         """Write "done" for an effect that happened outside our database (see ``write_completion``:
