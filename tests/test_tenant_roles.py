@@ -4,14 +4,16 @@ Postgres that checks passwords (SCRAM), plus the handler-module rules. The opera
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
 
-from hookline.core import migrations
+from hookline.core import db, migrations
 from hookline.core.embedded import EmbeddedPostgres
 from hookline_operator import tenancy
 from support.inbox import insert_events
@@ -71,8 +73,7 @@ async def tenant_for(owner: asyncpg.Connection, server: EmbeddedPostgres, namesp
     database = await owner.fetchval("SELECT current_database()")
     role = tenancy.role_name(database, uid)
     password = f"pw-{uuid.uuid4().hex}"
-    await owner.execute("SELECT hookline.ensure_tenant($1, $2, $3, $4)", role, namespace, uid,
-                        tenancy.scram_verifier(password))
+    assert await tenancy.ensure_role(owner, role, namespace, uid, password) is None
     return role, tenancy.tenant_url(with_database(server.url, database), role, password)
 
 
@@ -132,6 +133,39 @@ async def test_the_password_is_checked_and_only_its_verifier_is_stored(owner: as
     await conn.close()
     with pytest.raises(asyncpg.InvalidPasswordError):
         await asyncpg.connect(url.replace(password, password + "x"))
+
+
+async def test_the_role_follows_the_password_in_its_secret(owner: asyncpg.Connection,
+                                                           scram_server: EmbeddedPostgres) -> None:
+    uid = await add_provider(owner, "moved", "team-a")
+    role, url = await tenant_for(owner, scram_server, "team-a", uid)
+    old = tenancy.password_in(url, role)
+    assert old
+    ready = db.query("tenant_ready", "tenancy.sql")
+    assert await owner.fetchval(ready, role, tenancy.password_digest(old))
+    new = "another-password"
+    assert not await owner.fetchval(ready, role, tenancy.password_digest(new))  # the Secret changed: re-apply
+    assert await tenancy.ensure_role(owner, role, "team-a", uid, new) is None
+    assert await owner.fetchval(ready, role, tenancy.password_digest(new))
+    (await asyncpg.connect(url.replace(old, new))).terminate()
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        await asyncpg.connect(url)
+    assert new not in json.dumps([dict(r) for r in await owner.fetch("SELECT * FROM hookline.tenants")], default=str)
+
+
+async def test_many_roles_made_at_once(scram_server: EmbeddedPostgres, owner: asyncpg.Connection) -> None:
+    """The operator reconciles many resources concurrently; GRANTs on one table must not collide."""
+    database = await owner.fetchval("SELECT current_database()")
+    pool = await asyncpg.create_pool(with_database(scram_server.url, database), min_size=8, max_size=8)
+    try:
+        uids = [str(uuid.uuid4()) for _ in range(24)]
+        outcomes = await asyncio.gather(*(tenancy.ensure_role(pool, tenancy.role_name(database, uid), "team-a", uid,
+                                                              f"pw-{uid}") for uid in uids))
+        assert outcomes == [None] * len(uids)
+        await asyncio.gather(*(tenancy.remove_worker_credentials(pool, uid) for uid in uids))
+    finally:
+        await pool.close()
+    assert await owner.fetchval("SELECT count(*) FROM hookline.tenants") == 0
 
 
 async def test_our_verifier_is_the_one_postgres_computes(owner: asyncpg.Connection) -> None:

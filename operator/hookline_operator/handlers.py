@@ -129,7 +129,7 @@ async def sync_status(body: kopf.Body, spec: dict[str, Any], status_now: dict[st
         return
     if observation.sync.claim is not None and observation.sync.claim.state is not ClaimState.RETRY:
         state.claim = observation.sync.claim  # a claim to retry decides nothing: keep the last answer
-    if observation.sync.verified is not None or not observation.sync.synced:
+    if observation.sync.verified is not None or not observation.sync.synced or not observation.workers.ok:
         state.last_sync = observation.sync.verified
     after = report.compose(before, observation, state.scaling, res.generation)
     after = rotation_condition(after, body, status_now, res.generation)

@@ -270,8 +270,9 @@ async def ensure_workers(kube: Kube, body: kopf.Body, res: Resource, spec: dict[
 async def ensure_access(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Resource, spec: dict[str, Any],
                         sync: SyncState) -> WorkersState | None:
     """The workers' own database credential and the destination signing secret, as Secrets this
-    resource owns (tenancy.py); a WorkersState when something stands in the way, else None."""
-    if sync.claim is None or not sync.claim.owned:
+    resource owns (tenancy.py); a WorkersState when something stands in the way, else None.
+    Checked when the row is (on changes and every few ticks, like the claim), not on every tick."""
+    if sync.claim is None or not sync.claim.owned or sync.verified is None:
         return None
     outcomes = [await tenancy.ensure_worker_credentials(kube, pool, body, res.namespace, res.name, res.uid,
                                                         database_url()),
@@ -291,8 +292,10 @@ async def converge(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Resourc
     secret = await ensure_secret(kube, body, res, spec)
     sync = await claim_and_sync(pool, kube, res, spec, secret, last, resync_after)
     try:
-        workers = (await ensure_access(pool, kube, body, res, spec, sync)
-                   or await ensure_workers(kube, body, res, spec, sync))
+        refused = await ensure_access(pool, kube, body, res, spec, sync)
+        # Not verified while access is refused, so the next tick checks again instead of skipping.
+        sync = sync._replace(verified=None) if refused else sync
+        workers = refused or await ensure_workers(kube, body, res, spec, sync)
     except TemplateError as exc:
         workers = WorkersState(False, "InvalidWorkerTemplate", str(exc))
     return Observation(secret, sync, workers)

@@ -110,46 +110,70 @@ def _secret_manifest(provider: str, name: str, url: str) -> dict[str, Any]:
 
 async def ensure_worker_credentials(kube: SecretApi, conn: asyncpg.Connection | asyncpg.Pool, owner: Any,
                                     namespace: str, provider: str, uid: str, base_url: str) -> Outcome:
-    """The provider's workers' role exists with the password in their Secret, which exists too.
+    """The provider's workers' role logs in with the password in their Secret, which exists.
 
     ``owner`` is the WebhookProvider body (for the owner reference). A Secret of that name that is
-    not this resource's is never touched (ResourceConflict).
+    not this resource's is never touched (ResourceConflict). The Secret is the password's one home,
+    written first; the role follows it. Reconcile and the sync timer may run this at once for one
+    resource: whichever creates the Secret wins, and both then give the role that Secret's password.
     """
     secret_name = resources.database_secret_name(provider)
-    database = urlsplit(base_url).path.lstrip("/") or "postgres"
-    role = role_name(database, uid)
+    role = role_name(urlsplit(base_url).path.lstrip("/") or "postgres", uid)
     existing = await kube.read_secret(namespace, secret_name)
-    if existing is not None and uid not in existing.owner_uids:
+    outcome = Outcome(True, "CredentialsReady", f"workers log in as database role {role} (Secret {secret_name})")
+    if existing is None:
+        wanted = tenant_url(base_url, role, secrets.token_urlsafe(32))
+        manifest = _secret_manifest(provider, secret_name, wanted)
+        if await _create_owned(kube, namespace, manifest, owner):
+            outcome = Outcome(True, "CredentialsCreated", f"created Secret {secret_name} for database role {role}")
+        existing = await kube.read_secret(namespace, secret_name)
+        if existing is None:
+            return Outcome(False, "CredentialsPending", f"Secret {secret_name} was deleted while it was written")
+    if uid not in existing.owner_uids:
         return Outcome(False, "ResourceConflict",
                        f"Secret {secret_name} exists and is not owned by this WebhookProvider; "
                        "the operator never adopts it: delete or rename it")
-    url = existing.data.get(resources.DATABASE_SECRET_KEY) if existing else None
-    password = password_in(url, role) or secrets.token_urlsafe(32)
+    url = existing.data.get(resources.DATABASE_SECRET_KEY)
+    password = password_in(url, role) or unquote(urlsplit(url or "").password or "") or secrets.token_urlsafe(32)
     wanted = tenant_url(base_url, role, password)
-    # The Secret is the password's one home: the role is (re)made from it when it is missing (a
-    # restored database) or the Secret is new or changed. Otherwise a tick costs one cheap query.
-    if url != wanted or not await conn.fetchval(db.query("tenant_ready", "tenancy.sql"), role):
+    if url != wanted:  # another database host, or edited by hand: keep the password if there is one
+        await kube.patch_secret(namespace, secret_name, {resources.DATABASE_SECRET_KEY: wanted})
+        outcome = Outcome(True, "CredentialsUpdated", f"updated Secret {secret_name} for database role {role}")
+    # Level-based: the role is (re)made whenever it is missing (a restored database) or was last
+    # given another password than the Secret's; otherwise a tick costs one cheap query.
+    if not await conn.fetchval(db.query("tenant_ready", "tenancy.sql"), role, password_digest(password)):
         refused = await ensure_role(conn, role, namespace, uid, password)
         if refused:
             return refused
-    if existing is None:
-        import kopf
+    return outcome
 
-        manifest = _secret_manifest(provider, secret_name, wanted)
-        kopf.adopt(manifest, owner=owner)
+
+def password_digest(password: str) -> str:
+    """What hookline.tenants records of the password the role was last given (to notice a change)."""
+    return hashlib.sha256(password.encode()).hexdigest()
+
+
+async def _create_owned(kube: SecretApi, namespace: str, manifest: dict[str, Any], owner: Any) -> bool:
+    """Create the Secret owned by ``owner``; False when it exists already (created meanwhile)."""
+    import kopf
+    from kubernetes.client.exceptions import ApiException
+
+    kopf.adopt(manifest, owner=owner)
+    try:
         await kube.create_secret(namespace, manifest)
-        return Outcome(True, "CredentialsCreated", f"created Secret {secret_name} for database role {role}")
-    if url != wanted:
-        await kube.patch_secret(namespace, secret_name, {resources.DATABASE_SECRET_KEY: wanted})
-        return Outcome(True, "CredentialsUpdated", f"updated Secret {secret_name} for database role {role}")
-    return Outcome(True, "CredentialsReady", f"workers log in as database role {role} (Secret {secret_name})")
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        return False
+    return True
 
 
 async def ensure_role(conn: asyncpg.Connection | asyncpg.Pool, role: str, namespace: str, uid: str,
                       password: str) -> Outcome | None:
     """Create or converge the role; an Outcome saying why when the operator may not."""
     try:
-        await conn.execute(db.query("ensure_tenant", "tenancy.sql"), role, namespace, uid, scram_verifier(password))
+        await conn.execute(db.query("ensure_tenant", "tenancy.sql"), role, namespace, uid, scram_verifier(password),
+                           password_digest(password))
     except asyncpg.InsufficientPrivilegeError as exc:
         return Outcome(False, "DatabasePermissionDenied",
                        f"cannot create the workers' database role {role}: {exc} (the operator's database role "
@@ -219,14 +243,13 @@ async def ensure_destination_secret(kube: SecretApi, conn: asyncpg.Connection | 
     name = resources.destination_secret_name(provider)
     existing = await kube.read_secret(namespace, name)
     if existing is None:
-        import kopf
-
-        manifest = resources.secret_manifest(provider, name, "secret", value)
-        kopf.adopt(manifest, owner=owner)
-        await kube.create_secret(namespace, manifest)
-        return Outcome(True, "DestinationSecretCreated",
-                       f"created Secret {name}: the destination verifies the workers' Standard Webhooks "
-                       "signatures with its key `secret`")
+        if await _create_owned(kube, namespace, resources.secret_manifest(provider, name, "secret", value), owner):
+            return Outcome(True, "DestinationSecretCreated",
+                           f"created Secret {name}: the destination verifies the workers' Standard Webhooks "
+                           "signatures with its key `secret`")
+        existing = await kube.read_secret(namespace, name)
+        if existing is None:
+            return Outcome(False, "DestinationSecretPending", f"Secret {name} was deleted while it was written")
     if uid not in existing.owner_uids:
         return Outcome(False, "ResourceConflict", f"Secret {name} exists and is not owned by this WebhookProvider; "
                                                   "the operator never adopts it: delete or rename it")

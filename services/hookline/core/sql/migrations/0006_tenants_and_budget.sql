@@ -19,6 +19,9 @@ CREATE TABLE hookline.tenants (
     namespace   text NOT NULL,
     -- The WebhookProvider whose workers log in as this role.
     owner_uid   text NOT NULL UNIQUE,
+    -- SHA-256 of the password the role was last given (never the password): the operator
+    -- re-applies the password in the role's Secret whenever this differs.
+    password_sha256  text NOT NULL,
     created_at  timestamptz NOT NULL DEFAULT now()
 );
 
@@ -74,9 +77,11 @@ CREATE POLICY tenant_entity_states ON hookline.entity_states
 -- or its logs) and exactly the privileges a worker needs. Runs with the caller's
 -- rights: the operator's role needs CREATEROLE.
 CREATE FUNCTION hookline.ensure_tenant(tenant_role text, tenant_namespace text, tenant_owner_uid text,
-                                       password_verifier text)
+                                       password_verifier text, password_digest text)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
+    -- One at a time: concurrent GRANTs on one table fail with "tuple concurrently updated".
+    PERFORM pg_advisory_xact_lock(hashtextextended('hookline.tenants', 0));
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = tenant_role) THEN
         EXECUTE format('CREATE ROLE %I LOGIN NOINHERIT', tenant_role);
     END IF;
@@ -88,9 +93,9 @@ BEGIN
     EXECUTE format('GRANT SELECT ON hookline.providers TO %I', tenant_role);
     EXECUTE format('GRANT SELECT, UPDATE ON hookline.inbox TO %I', tenant_role);
     EXECUTE format('GRANT SELECT, INSERT, UPDATE ON hookline.entity_states TO %I', tenant_role);
-    INSERT INTO hookline.tenants (role_name, namespace, owner_uid)
-    VALUES (tenant_role, tenant_namespace, tenant_owner_uid)
-    ON CONFLICT (role_name) DO NOTHING;
+    INSERT INTO hookline.tenants (role_name, namespace, owner_uid, password_sha256)
+    VALUES (tenant_role, tenant_namespace, tenant_owner_uid, password_digest)
+    ON CONFLICT (role_name) DO UPDATE SET password_sha256 = EXCLUDED.password_sha256;
 END $$;
 
 -- Remove a tenant's role once its WebhookProvider is gone. It can no longer log in
@@ -98,6 +103,7 @@ END $$;
 -- tables), which is then left for whoever granted it.
 CREATE FUNCTION hookline.drop_tenant(tenant_role text) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('hookline.tenants', 0));
     DELETE FROM hookline.tenants WHERE role_name = tenant_role;
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = tenant_role) THEN
         RETURN true;
