@@ -29,7 +29,7 @@ HELP: dict[tuple[str, ...], list[str]] = {
                  "--lease-seconds", "HOOKLINE_ALLOW_PRIVATE_NETWORKS", "HOOKLINE_DATABASE_URL", "examples:"],
     ("dlq",): ["list", "replay", "examples:"],
     ("dlq", "list"): ["--limit", "--provider", "--endpoint", "--since", "--until"],
-    ("dlq", "replay"): ["--event-type", "--provider", "--endpoint", "--since", "--until"],
+    ("dlq", "replay"): ["--event-type", "--event", "--provider", "--endpoint", "--since", "--until"],
     ("endpoints",): ["add", "list", "delete", "enable", "rotate-secret", "examples:"],
     ("endpoints", "add"): ["--url", "--event-type", "--ordered", "--secret", "--max-attempts",
                            "--retry-initial-delay", "--retry-max-delay", "--timeout"],
@@ -44,6 +44,11 @@ HELP: dict[tuple[str, ...], list[str]] = {
     ("providers", "apply"): ["--filename"],
     ("providers", "list"): ["--log-level"],
     ("providers", "delete"): ["name"],
+    ("events",): ["list", "show", "examples:"],
+    ("events", "list"): ["--provider", "--status", "--since", "--limit"],
+    ("events", "show"): ["provider", "event_id", "HOOKLINE_DATABASE_URL"],
+    ("deliveries",): ["show", "examples:"],
+    ("deliveries", "show"): ["msg_", "HOOKLINE_DATABASE_URL"],
     ("status",): ["--output", "--max-oldest-due", "Exit status", "HOOKLINE_DATABASE_URL", "examples:"],
 }
 

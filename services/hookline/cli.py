@@ -186,13 +186,17 @@ def configure_dlq_parser(subparsers: Subparsers) -> None:
         "(with --endpoint or --since/--until) outbox deliveries that did.",
         examples="  hookline dlq list --provider stripe\n"
         "  hookline dlq replay --provider stripe --event-type payment_intent.succeeded\n"
-        "  hookline dlq replay --endpoint billing --since 2026-11-30T08:00:00Z\n")
+        "  hookline dlq replay --endpoint billing --since 2026-11-30T08:00:00Z\n"
+        "  hookline dlq replay --event stripe:evt_1NXa\n")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     dead_list = _add_command(actions, "list", "list dead events, newest first (inbox; outbox with "
                              "--endpoint/--since)")
     dead_list.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     replay = _add_command(actions, "replay", "requeue dead events; attempts start again")
     replay.add_argument("--event-type", help="only inbox events of this type")
+    replay.add_argument("--event", metavar="PROVIDER:EVENT_ID",
+                        help="only this one inbox event, as PROVIDER:EVENT_ID or the numeric id "
+                        "`hookline events list` shows")
     for action in (dead_list, replay):
         action.add_argument("--provider", help="only this provider's inbox events")
         action.add_argument("--endpoint", help="outbox deliveries to this endpoint instead of inbox events")
@@ -318,6 +322,42 @@ def configure_providers_parser(subparsers: Subparsers) -> None:
     _add_common(delete)
 
 
+def configure_events_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "events", "the history of inbox events: state, headers, body and every attempt",
+        description="Look up what happened to received events. `show` prints one event's state, its headers "
+        "(signatures and secret-looking values redacted), a preview of its body and every logged attempt: "
+        "when, which worker, the outcome and the error.",
+        examples="  hookline events list --provider stripe --status dead\n"
+        "  hookline events list --since 2026-11-30T08:00:00Z\n"
+        "  hookline events show stripe evt_1NXa\n")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = _add_command(actions, "list", "list events, newest first")
+    listing.add_argument("--provider", help="only this provider's events")
+    listing.add_argument("--status", choices=("pending", "processing", "done", "dead"),
+                         help="only events in this state")
+    listing.add_argument("--since", type=_timestamp, help="only events received at or after this time (ISO 8601)")
+    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    _add_common(listing)
+    show = _add_command(actions, "show", "one event: state, redacted headers, body preview, attempts")
+    show.add_argument("provider", help="the provider's name")
+    show.add_argument("event_id", help="the event id the provider gave it")
+    _add_common(show)
+
+
+def configure_deliveries_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "deliveries", "the history of outbox deliveries",
+        description="What happened to an outbox event at each endpoint: state, last answer and every logged "
+        "attempt (when, which relay, outcome, HTTP status, latency, error).",
+        examples="  hookline deliveries show 1234                   one delivery by id\n"
+        "  hookline deliveries show msg_0190a1b2c3d4e5f6     every delivery of an outbox event\n")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    show = _add_command(actions, "show", "one delivery, or every delivery of an outbox event")
+    show.add_argument("id", help="a delivery id, or an outbox event id (msg_...)")
+    _add_common(show)
+
+
 def configure_status_parser(subparsers: Subparsers) -> None:
     p = _add_command(
         subparsers, "status", "what is stuck, for which provider or endpoint, since when",
@@ -350,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     for configure in (configure_dev_parser, configure_migrate_parser, configure_receiver_parser,
                       configure_worker_parser, configure_dlq_parser, configure_relay_parser,
                       configure_endpoints_parser, configure_operator_parser, configure_providers_parser,
-                      configure_status_parser):
+                      configure_status_parser, configure_events_parser,
+                      configure_deliveries_parser):
         configure(subparsers)
     return parser
 
@@ -430,5 +471,7 @@ def main(argv: list[str] | None = None) -> None:
         "relay": commands.relay,
         "endpoints": commands.endpoints_cmd,
         "status": commands.status,
+        "events": commands.events,
+        "deliveries": commands.deliveries,
     }[args.command]
     sys.exit(_run(handler, args))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -161,6 +162,10 @@ async def dlq(args: argparse.Namespace) -> int:
     from hookline.worker.dlq import dlq_inbox
 
     outbox_side = args.endpoint or args.since or args.until
+    if getattr(args, "event", None):
+        if outbox_side or args.provider or args.event_type:
+            return _fail("--event names one inbox event: give no other filter with it")
+        return await _history(lambda conn: _replay_event(conn, args.event))
     if outbox_side and (args.provider or getattr(args, "event_type", None)):
         return _fail("--provider/--event-type select inbox events; --endpoint/--since/--until select outbox "
                      "deliveries: use one kind")
@@ -271,6 +276,44 @@ async def status(args: argparse.Namespace) -> int:
         await conn.close()
     print(json.dumps(found.as_json(), indent=2) if args.output == "json" else render_table(found))
     return 1 if found.problems() else 0
+
+
+async def _replay_event(conn: asyncpg.Connection, ref: str) -> list[str]:
+    from hookline.core.history import EventRef, replay_event
+
+    return [await replay_event(conn, EventRef.parse(ref))]
+
+
+async def events(args: argparse.Namespace) -> int:
+    from hookline.core.history import EventRef, list_events, show_event
+
+    if args.action == "list":
+        return await _history(lambda conn: list_events(conn, provider=args.provider, status=args.status,
+                                                       since=args.since, limit=args.limit))
+    return await _history(lambda conn: show_event(conn, EventRef(args.provider, args.event_id)))
+
+
+async def deliveries(args: argparse.Namespace) -> int:
+    from hookline.core.history import show_deliveries
+
+    return await _history(lambda conn: show_deliveries(conn, args.id))
+
+
+async def _history(lookup: Callable[[asyncpg.Connection], Awaitable[list[str]]]) -> int:
+    """Run one history lookup and print its lines; a reference that names nothing is exit status 1."""
+    from hookline.core.history import HistoryError
+
+    conn = await _connect()
+    try:
+        lines = await lookup(conn)
+    except HistoryError as exc:
+        print(f"hookline: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await conn.close()
+    for line in lines:
+        print(line)
+    return 0
 
 
 async def dev(args: argparse.Namespace) -> int:

@@ -1,0 +1,142 @@
+"""Event history: the attempt log written by the queue's own booking statements (bounded per
+run), `hookline events list/show` with redacted headers, `hookline deliveries show` with each
+answer, and `hookline dlq replay --event` through the one replay path."""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+import pytest
+
+from hookline import outbox
+from hookline.core.queue import INBOX, OUTBOX
+from hookline.relay import endpoints
+from support.processes import hookline_cli
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+SECRET = "whsec_c2VjcmV0LXRoYXQtbXVzdC1uZXZlci1sZWFr"
+HEADERS = {"Stripe-Signature": "t=1,v1=abcdef", "Authorization": "Bearer hunter2", "X-Forwarded-Secretish": SECRET,
+           "Content-Type": "application/json", "User-Agent": "Stripe/1.0"}
+
+
+async def receive(pool: asyncpg.Pool, provider: str, event_id: str, body: bytes = b'{"id": "evt"}') -> int:
+    row_id: int = await pool.fetchval(
+        "INSERT INTO hookline.inbox (provider, event_id, event_type, headers, body, content_type) "
+        "VALUES ($1, $2, 'invoice.paid', $3, $4, 'application/json') RETURNING id",
+        provider, event_id, HEADERS, body)
+    return row_id
+
+
+async def fail_until_dead(pool: asyncpg.Pool, provider: str, worker: str, failures: int) -> None:
+    """Claim and fail the provider's one event ``failures`` times, the last one burying it."""
+    for attempt in range(1, failures + 1):
+        [row] = await INBOX.claim(pool, provider, 1, f"{worker}-{attempt}", 60)
+        if attempt < failures:
+            assert await INBOX.retry(pool, row["id"], row["attempts"], f"{worker}-{attempt}", 0, f"HTTP 503 #{attempt}")
+        else:
+            assert await INBOX.bury(pool, row["id"], row["attempts"], f"{worker}-{attempt}", "gave up")
+
+
+async def test_show_prints_state_redacted_headers_body_and_every_attempt(pool: asyncpg.Pool,
+                                                                         database_url: str) -> None:
+    await receive(pool, "stripe", "evt_1", b'{"id": "evt_1", "amount": 42}')
+    await fail_until_dead(pool, "stripe", "worker-a", 3)
+
+    result = hookline_cli(database_url, "events", "show", "stripe", "evt_1")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("event stripe:evt_1 (id ")
+    assert "status:         dead" in out
+    assert "Stripe-Signature: [redacted]" in out and "Authorization: [redacted]" in out
+    assert "X-Forwarded-Secretish: [redacted]" in out and "User-Agent: Stripe/1.0" in out
+    assert SECRET not in out and "hunter2" not in out and "abcdef" not in out
+    assert '{"id": "evt_1", "amount": 42}' in out
+    attempts = [line.split() for line in out.splitlines() if line.startswith("    ") and line.split()[0].isdigit()]
+    assert [(a[0], a[2], a[3]) for a in attempts] == [("1", "retry", "worker-a-1"), ("2", "retry", "worker-a-2"),
+                                                      ("3", "dead", "worker-a-3")]
+    assert "HTTP 503 #2" in out and "gave up" in out
+
+    missing = hookline_cli(database_url, "events", "show", "stripe", "evt_nope")
+    assert (missing.returncode, missing.stderr.strip()) == (1, "hookline: no inbox event stripe:evt_nope")
+
+
+async def test_list_filters_by_provider_status_and_time(pool: asyncpg.Pool, database_url: str) -> None:
+    await receive(pool, "stripe", "evt_dead")
+    await fail_until_dead(pool, "stripe", "w", 1)
+    await receive(pool, "stripe", "evt_new")
+    await receive(pool, "github", "gh_1")
+
+    def listed(*args: str) -> list[str]:
+        result = hookline_cli(database_url, "events", "list", *args)
+        assert result.returncode == 0, result.stderr
+        return [line.split()[2] for line in result.stdout.splitlines()[1:]]
+
+    assert listed() == ["gh_1", "evt_new", "evt_dead"]
+    assert listed("--provider", "stripe") == ["evt_new", "evt_dead"]
+    assert listed("--status", "dead") == ["evt_dead"]
+    assert listed("--since", "2999-01-01T00:00:00Z") == []
+    assert listed("--limit", "1") == ["gh_1"]
+    bad = hookline_cli(database_url, "events", "list", "--status", "lost")
+    assert bad.returncode == 2 and "invalid choice: 'lost'" in bad.stderr
+
+
+async def test_the_log_keeps_twenty_attempts_of_a_run_and_the_last(pool: asyncpg.Pool) -> None:
+    row_id = await receive(pool, "stripe", "evt_many")
+    await fail_until_dead(pool, "stripe", "w", 25)
+    logged = await pool.fetch("SELECT attempt, outcome FROM hookline.attempts WHERE row_id = $1 ORDER BY attempt",
+                              row_id)
+    assert [a["attempt"] for a in logged] == [*range(1, 21), 25]
+    assert logged[-1]["outcome"] == "dead"
+
+
+async def test_replay_one_event_by_reference(pool: asyncpg.Pool, database_url: str) -> None:
+    row_id = await receive(pool, "stripe", "evt_r")
+    await receive(pool, "stripe", "evt_other")
+    for event in ("evt_r", "evt_other"):
+        await pool.execute("UPDATE hookline.inbox SET status = 'dead', attempts = 12 WHERE event_id = $1", event)
+
+    result = hookline_cli(database_url, "dlq", "replay", "--event", "stripe:evt_r")
+    assert (result.returncode, result.stdout.strip()) == (0, "stripe:evt_r: requeued (attempts start again)")
+    states = {r["event_id"]: (r["status"], r["attempts"])
+              for r in await pool.fetch("SELECT event_id, status, attempts FROM hookline.inbox")}
+    assert states == {"evt_r": ("pending", 0), "evt_other": ("dead", 12)}
+
+    again = hookline_cli(database_url, "dlq", "replay", "--event", str(row_id))
+    assert again.returncode == 1
+    assert "event stripe:evt_r is pending, not dead" in again.stderr
+    for ref, message in (("nocolon", "names no event"), ("99999", "no inbox event id 99999")):
+        failed = hookline_cli(database_url, "dlq", "replay", "--event", ref)
+        assert failed.returncode == 1 and message in failed.stderr, failed.stderr
+    mixed = hookline_cli(database_url, "dlq", "replay", "--event", "stripe:evt_r", "--provider", "stripe")
+    assert mixed.returncode == 2 and "--event names one inbox event" in mixed.stderr
+
+
+async def test_deliveries_show_each_answer(pool: asyncpg.Pool, database_url: str) -> None:
+    async with pool.acquire() as conn:
+        await endpoints.add(conn, "billing", "https://billing.example.com/hooks")
+        async with conn.transaction():
+            event_id = await outbox.publish(conn, "invoice.paid", {"amount": 42}, aggregate_type="invoice",
+                                            aggregate_id="in_1")
+    for status, latency in ((503, 120.0), (200, 35.0)):
+        [delivery] = await OUTBOX.claim(pool, "billing", 1, "relay-x", 60)
+        async with pool.acquire() as conn, conn.transaction():
+            if status == 200:
+                assert await OUTBOX.complete(conn, [(delivery["id"], delivery["attempts"])], "relay-x")
+            else:
+                assert await OUTBOX.retry(conn, delivery["id"], delivery["attempts"], "relay-x", 0, "HTTP 503")
+            await conn.execute(outbox.query("record_responses"), [delivery["id"]], [status], ["ok"], [latency])
+
+    for ref in (event_id, str(delivery["id"])):
+        result = hookline_cli(database_url, "deliveries", "show", ref)
+        assert result.returncode == 0, result.stderr
+        out = result.stdout
+        assert out.startswith(f"delivery {delivery['id']} of event {event_id} (invoice.paid) to endpoint billing")
+        assert "status:         done" in out and "aggregate:      invoice:in_1" in out
+        assert json.loads(out.split("payload:")[1].splitlines()[0]) == {"amount": 42}
+        attempts = [line.split() for line in out.splitlines() if line.startswith("    ") and line.split()[0].isdigit()]
+        assert [(a[0], a[2], a[3], a[4], a[5]) for a in attempts] == [("1", "retry", "relay-x", "503", "120"),
+                                                                      ("2", "done", "relay-x", "200", "35")]
+    missing = hookline_cli(database_url, "deliveries", "show", "msg_nothing")
+    assert missing.returncode == 1 and "no delivery 'msg_nothing'" in missing.stderr
