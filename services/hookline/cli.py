@@ -18,8 +18,8 @@ from hookline.core.config import ConfigError
 
 EPILOG = """\
 Every command reads HOOKLINE_DATABASE_URL (a postgresql:// URL), except `dev`,
-which runs its own embedded Postgres. Logs are JSON lines unless
-HOOKLINE_LOG_FORMAT=text.
+which runs its own embedded Postgres. Logs are readable lines for `dev` and on a
+terminal, JSON lines otherwise; HOOKLINE_LOG_FORMAT=json or text decides instead.
 
 Start here:  hookline dev            (the whole stack on your machine)
 """
@@ -94,7 +94,7 @@ EXTRAS = {
 ENVIRONMENT = """\
 environment:
   HOOKLINE_DATABASE_URL   postgresql:// URL of the database (required)
-  HOOKLINE_LOG_FORMAT     json (default) or text
+  HOOKLINE_LOG_FORMAT     json or text (default: text on a terminal, json otherwise)
   HOOKLINE_LOG_LEVEL      used when --log-level is not given
 """
 
@@ -118,7 +118,7 @@ def configure_dev_parser(subparsers: Subparsers) -> None:
         "and a signed curl example. Ctrl-C stops everything.",
         examples="  hookline dev                                  an example provider on port 8080\n"
         "  hookline dev --providers providers.yaml --port 9000\n",
-        environment="environment:\n  HOOKLINE_LOG_FORMAT     json (default) or text\n"
+        environment="environment:\n  HOOKLINE_LOG_FORMAT     json or text (default: text for dev)\n"
         "  HOOKLINE_LOG_LEVEL      used when --log-level is not given\n"
         "  (HOOKLINE_DATABASE_URL is not read: the database is the embedded one. Needs hookline[dev].)\n")
     p.add_argument("--port", type=int, default=8080, help="receiver port (default 8080)")
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     _check_arguments(parser, args)
     _require_extra(args.command)
-    logs.setup(getattr(args, "log_level", None))
+    logs.setup(getattr(args, "log_level", None), for_people=args.command == "dev")
     if args.command == "operator":
         from hookline_operator.main import run
 

@@ -1,4 +1,9 @@
-"""Logging set-up: one JSON object per line by default, plain text with HOOKLINE_LOG_FORMAT=text."""
+"""Logging set-up: JSON lines for services, readable lines for people.
+
+The format is HOOKLINE_LOG_FORMAT (json or text) when set. Otherwise a person is assumed to
+read the logs of `hookline dev` and of any command whose stderr is a terminal, and gets text;
+everything else (a service under Kubernetes, systemd, a pipe) gets one JSON object per line.
+"""
 
 from __future__ import annotations
 
@@ -34,21 +39,37 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
+    """``12:00:01.234 WARNING hookline.worker: event dead provider=stripe error="HTTP 500"``."""
+
     def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        super().__init__("%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         fields = _fields(record)
         if fields:
-            line += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+            line += " " + " ".join(f"{k}={_text_value(v)}" for k, v in fields.items())
         return line
 
 
-def setup(level: str | None = None) -> None:
-    fmt = os.environ.get("HOOKLINE_LOG_FORMAT", "json").lower()
-    if fmt not in ("json", "text"):
+def _text_value(value: object) -> str:
+    text = str(value)
+    return json.dumps(text) if not text or any(c.isspace() or c in "\"=" for c in text) else text
+
+
+def choose_format(*, for_people: bool = False) -> str:
+    """json or text: HOOKLINE_LOG_FORMAT when set; else text for people (``for_people``, or
+    stderr is a terminal), json for services."""
+    fmt = os.environ.get("HOOKLINE_LOG_FORMAT", "").strip().lower()
+    if fmt and fmt not in ("json", "text"):
         raise SystemExit(f"HOOKLINE_LOG_FORMAT must be json or text, not {fmt!r}")
+    if fmt:
+        return fmt
+    return "text" if for_people or sys.stderr.isatty() else "json"
+
+
+def setup(level: str | None = None, *, for_people: bool = False) -> None:
+    fmt = choose_format(for_people=for_people)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
