@@ -1,7 +1,7 @@
 """Housekeeping, in one place: a ``Maintainer`` runs named jobs, each at its interval.
 
 River's shape: each housekeeping task is a small named job (the lease rescuer, the stats
-refresher, the relay's outbox cleaner), and the jobs that act on the shared database run
+refresher, the inbox's partition manager, the relay's outbox cleaner), and the jobs that act on the shared database run
 only on the elected leader of their *scope* (``inbox``, ``outbox``), so N workers or relays
 do the work once, not N times. Leadership is a session-level ``pg_try_advisory_lock`` on a
 dedicated connection (``core/dedicated.py``): held while that connection lives, so a leader
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from hookline.core import db, inbox_stats, metrics
+from hookline.core import db, inbox_stats, metrics, partitions
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.providers import ProviderRegistry
 from hookline.core.queue import INBOX, Queue, RetryPolicy, SweepResult
@@ -185,10 +185,23 @@ def inbox_stats_refresher(pool: asyncpg.Pool, registry: ProviderRegistry, interv
     return Job("inbox-stats", refresh, interval, per_process=True)
 
 
+def partition_manager(pool: asyncpg.Pool, retention: partitions.Retention,
+                      interval: float = partitions.PARTITION_INTERVAL) -> Job:
+    """The leader's partition pass every ``interval``: partitions created ahead, aged ones dropped
+    (``core/partitions.py``)."""
+
+    async def manage() -> None:
+        await partitions.manage_partitions(pool, retention)
+
+    return Job("partition-manager:hookline.inbox", manage, interval)
+
+
 def inbox_maintainer(pool: asyncpg.Pool, registry: ProviderRegistry, connection: DedicatedConnection, *,
-                     sweep: bool) -> Maintainer:
-    """A worker's housekeeping: its gauges, and (``sweep``) the inbox's lease rescuer on the leader."""
+                     sweep: bool, retention: partitions.Retention | None = None) -> Maintainer:
+    """A worker's housekeeping: its gauges, and (``sweep``) the inbox's lease rescuer and partition
+    manager on the leader."""
     jobs = [inbox_stats_refresher(pool, registry)]
     if sweep:
         jobs.append(lease_rescuer(pool, lambda: {n: p.retry for n, p in registry.all().items()}))
+        jobs.append(partition_manager(pool, retention or partitions.Retention.from_env()))
     return Maintainer("inbox", jobs, connection)

@@ -172,3 +172,16 @@ def _in_use() -> float:
 db_pool_connections.labels("in_use").set_function(_in_use)
 db_pool_connections.labels("idle").set_function(lambda: float(sum(p.get_idle_size() for p in _open_pools())))
 db_pool_max_connections.set_function(lambda: float(sum(p.get_max_size() for p in _open_pools())))
+
+# The partition manager (core/partitions.py), on the inbox's maintenance leader.
+partitions_created = Counter("hookline_partitions_created_total",
+                             "Partitions created ahead of time by the partition manager.", ["table"])
+partitions_dropped = Counter("hookline_partitions_dropped_total",
+                             "Partitions dropped whole because nothing in them had to be kept.", ["table"])
+retention_rows = Counter(
+    "hookline_retention_rows_total",
+    "Rows removed by retention: dropped with a partition, deleted in batches (a partition with survivors), "
+    "and dedup keys expired.", ["table", "how"])
+partition_rows_in_default = Gauge(
+    "hookline_partition_default_rows",
+    "Rows in a table's default partition (no partition covered their time: the manager fell behind).", ["table"])

@@ -35,8 +35,9 @@ def available() -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
-async def migrate(conn: asyncpg.Connection) -> list[str]:
-    """Apply every migration not applied yet; return the names applied."""
+async def migrate(conn: asyncpg.Connection, up_to: int | None = None) -> list[str]:
+    """Apply every migration not applied yet (up to version ``up_to`` when given: upgrade tests
+    populate the schema as it was); return the names applied."""
     applied_now: list[str] = []
     async with conn.transaction():
         await conn.execute(_query("lock_migrations"), _ADVISORY_LOCK_KEY)
@@ -44,7 +45,7 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
         await conn.execute(_query("create_schema_migrations"))
         done = {r["version"] for r in await conn.fetch(_query("applied_migrations"))}
         for version, name, sql in available():
-            if version in done:
+            if version in done or (up_to is not None and version > up_to):
                 continue
             log.info("applying migration", extra={"migration": name})
             await conn.execute(sql)

@@ -164,10 +164,25 @@ FULL JOIN suspects USING (provider);
 -- names the rows stored now, so each request learns "accepted" or "duplicate".
 -- pg_notify wakes idle workers; Postgres folds identical notifications within a
 -- transaction, so this is one notification per provider per batch, not per row.
-WITH stored AS (
-    INSERT INTO hookline.inbox (provider, event_id, event_type, entity_key, headers, body, content_type)
+-- "Exists" means its dedup key exists (hookline.inbox_keys, migration 0011): the key
+-- is claimed first and the event stored only for keys claimed now, so a duplicate
+-- is recognised for as long as the key is kept, even after its payload's partition
+-- was dropped, and two copies racing (in one batch, in concurrent batches, on both
+-- sides of a partition boundary) meet at the key's primary key and are stored once.
+WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::bytea[], $7::text[])
+        WITH ORDINALITY AS t(provider, event_id, event_type, entity_key, headers, body, content_type, position)
+), keys AS (
+    INSERT INTO hookline.inbox_keys (provider, event_id)
+    SELECT provider, event_id FROM input
     ON CONFLICT (provider, event_id) DO NOTHING
+    RETURNING provider, event_id
+), stored AS (
+    INSERT INTO hookline.inbox (provider, event_id, event_type, entity_key, headers, body, content_type)
+    SELECT DISTINCT ON (i.provider, i.event_id)
+           i.provider, i.event_id, i.event_type, i.entity_key, i.headers, i.body, i.content_type
+    FROM input AS i JOIN keys AS k ON k.provider = i.provider AND k.event_id = i.event_id
+    ORDER BY i.provider, i.event_id, i.position
     RETURNING provider, event_id
 )
 SELECT provider, event_id, pg_notify('hookline_inbox', provider) FROM stored;
@@ -194,14 +209,23 @@ WITH input AS (
         SET event_id = EXCLUDED.event_id, expires_at = EXCLUDED.expires_at
         WHERE h.expires_at <= now()
     RETURNING provider, body_sha256, event_id
-), stored AS (
-    INSERT INTO hookline.inbox (provider, event_id, event_type, entity_key, headers, body, content_type)
-    SELECT i.provider, i.event_id, i.event_type, i.entity_key, i.headers, i.body, i.content_type
-    FROM input i
+), admitted AS (
+    SELECT i.* FROM input i
     WHERE i.body_sha256 IS NULL
        OR EXISTS (SELECT 1 FROM claimed c WHERE c.provider = i.provider AND c.body_sha256 = i.body_sha256
                   AND c.event_id = i.event_id)
+), keys AS (
+    -- The dedup key, as in insert_inbox_batch.
+    INSERT INTO hookline.inbox_keys (provider, event_id)
+    SELECT provider, event_id FROM admitted
     ON CONFLICT (provider, event_id) DO NOTHING
+    RETURNING provider, event_id
+), stored AS (
+    INSERT INTO hookline.inbox (provider, event_id, event_type, entity_key, headers, body, content_type)
+    SELECT DISTINCT ON (i.provider, i.event_id)
+           i.provider, i.event_id, i.event_type, i.entity_key, i.headers, i.body, i.content_type
+    FROM admitted AS i JOIN keys AS k ON k.provider = i.provider AND k.event_id = i.event_id
+    ORDER BY i.provider, i.event_id, i.position
     RETURNING provider, event_id
 )
 SELECT provider, event_id, NULL::bytea AS body_sha256, pg_notify('hookline_inbox', provider) FROM stored

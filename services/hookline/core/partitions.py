@@ -1,0 +1,158 @@
+"""The partition manager: time partitions created ahead, and retention by dropping them.
+
+The inbox is partitioned by ``received_at`` (migration 0011). Like pg_partman, a job creates the
+partitions of the next periods before they are needed and drops old ones whole, so old events
+leave without a long ``DELETE`` and without vacuum debt. Unlike a plain time-based drop, nothing
+that must be kept is ever dropped: a partition that still holds pending or processing events,
+or dead letters younger than their provider's ``deadDays``, stays; only its rows past their own
+limit are deleted, in small batches like River's job cleaner, and the partition goes once the
+survivors are gone. The decisions are in SQL functions (``hookline.expire_inbox``) so that each
+pass is one transaction that locks the partition before it checks and drops it.
+
+Dedup keys (``hookline.inbox_keys``) have their own, usually longer window (``dedupDays``), and a
+key is never deleted while the partition of its event may still exist.
+
+The job runs on the leader of the inbox's maintenance scope only (``core/maintenance.py``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+
+import asyncpg
+
+from hookline.core import db, metrics
+
+log = logging.getLogger(__name__)
+
+INBOX = "hookline.inbox"
+PARTITION_INTERVAL = 60.0  # seconds between the manager's passes
+BATCH = 5000  # rows per batch delete: short transactions, little WAL at once
+MAX_BATCHES = 20  # per pass; the rest waits for the next pass
+LOCK_WAIT = datetime.timedelta(seconds=1)  # longest a drop waits for its lock before deferring
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """Default retention, for providers whose spec has no ``retention`` (chart: retention.*)."""
+
+    done_hours: float = 72.0
+    dead_days: float = 14.0
+    dedup_days: float = 30.0
+
+    @classmethod
+    def from_env(cls) -> Retention:
+        """HOOKLINE_RETENTION_DONE_HOURS, _DEAD_DAYS and _DEDUP_DAYS (the chart's retention values)."""
+        default = cls()
+        return cls(done_hours=_positive("HOOKLINE_RETENTION_DONE_HOURS", default.done_hours),
+                   dead_days=_positive("HOOKLINE_RETENTION_DEAD_DAYS", default.dead_days),
+                   dedup_days=_positive("HOOKLINE_RETENTION_DEDUP_DAYS", default.dedup_days))
+
+    @property
+    def done(self) -> datetime.timedelta:
+        return datetime.timedelta(hours=self.done_hours)
+
+    @property
+    def dead(self) -> datetime.timedelta:
+        return datetime.timedelta(days=self.dead_days)
+
+    @property
+    def dedup(self) -> datetime.timedelta:
+        return datetime.timedelta(days=self.dedup_days)
+
+
+def _positive(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of hours or days, not {raw!r}") from None
+    if not value > 0:
+        raise ValueError(f"{name} must be greater than 0, not {raw!r}")
+    return value
+
+
+@dataclass
+class PassReport:
+    created: list[str]
+    dropped: dict[str, int]
+    deleted: int
+    keys_deleted: int
+    deferred: list[str]
+    default_rows: int
+
+
+def _query(name: str) -> str:
+    return db.query(name, "partitions.sql")
+
+
+async def ensure_partitions(pool: asyncpg.Pool | asyncpg.Connection, table: str = INBOX) -> list[str]:
+    """Create the partitions of the current period and the configured number ahead."""
+    created = [r["created"] for r in await pool.fetch(_query("ensure_partitions"), table)]
+    if created:
+        metrics.partitions_created.labels(table).inc(len(created))
+        log.info("partitions created ahead", extra={"table": table, "partitions": created})
+    return created
+
+
+async def expire_inbox(pool: asyncpg.Pool | asyncpg.Connection, retention: Retention,
+                       batch: int = BATCH) -> PassReport:
+    """Retention of inbox payloads and dedup keys: whole partitions dropped when nothing in them
+    must be kept, otherwise up to ``MAX_BATCHES`` batch deletes of rows past their own limit."""
+    report = PassReport([], {}, 0, 0, [], 0)
+    for _ in range(MAX_BATCHES):
+        full = False
+        for row in await pool.fetch(_query("expire_inbox"), retention.done, retention.dead, batch, LOCK_WAIT):
+            _account(report, row["action"], row["target"], row["affected"])
+            full = full or (row["action"] == "deleted" and row["affected"] >= batch)
+        if not full:
+            break
+    for _ in range(MAX_BATCHES):
+        deleted = await pool.fetchval(_query("expire_inbox_keys"), retention.dedup, batch)
+        report.keys_deleted += deleted
+        if deleted < batch:
+            break
+    _publish(report)
+    return report
+
+
+def _account(report: PassReport, action: str, target: str, affected: int) -> None:
+    if action == "dropped":
+        report.dropped[target] = affected
+    elif action == "deleted":
+        report.deleted += affected
+    elif action == "drop_deferred":
+        report.deferred.append(target)
+    elif action == "default_rows":
+        report.default_rows = affected
+
+
+def _publish(report: PassReport) -> None:
+    metrics.partitions_dropped.labels(INBOX).inc(len(report.dropped))
+    metrics.retention_rows.labels(INBOX, "dropped").inc(sum(report.dropped.values()))
+    metrics.retention_rows.labels(INBOX, "deleted").inc(report.deleted)
+    metrics.retention_rows.labels("hookline.inbox_keys", "deleted").inc(report.keys_deleted)
+    metrics.partition_rows_in_default.labels(INBOX).set(report.default_rows)
+    if report.dropped or report.deleted or report.keys_deleted:
+        log.info("inbox retention", extra={"dropped": report.dropped, "deleted": report.deleted,
+                                           "keys_deleted": report.keys_deleted})
+    if report.deferred:
+        log.info("partition drop deferred: its lock was not granted in time (busy readers); next pass",
+                 extra={"partitions": report.deferred})
+    if report.default_rows:
+        log.warning("rows in the default partition: no partition covered their time; they are kept and "
+                    "retained like any other, but partitions overlapping them cannot be created",
+                    extra={"table": INBOX, "rows": report.default_rows})
+
+
+async def manage_partitions(pool: asyncpg.Pool | asyncpg.Connection, retention: Retention) -> PassReport:
+    """One pass of the partition manager: create ahead, then retention."""
+    created = await ensure_partitions(pool)
+    report = await expire_inbox(pool, retention)
+    report.created = created
+    return report
