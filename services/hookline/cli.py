@@ -91,6 +91,9 @@ EXTRAS = {
     "operator": ("operator", ("kopf", "kubernetes")),
 }
 
+# The services whose spans join a trace (with hookline[otel]; see core/tracing.py).
+TRACED = ("dev", "receiver", "worker", "relay")
+
 ENVIRONMENT = """\
 environment:
   HOOKLINE_DATABASE_URL   postgresql:// URL of the database (required)
@@ -459,6 +462,10 @@ def main(argv: list[str] | None = None) -> None:
 
         argv = sys.argv[1:] if argv is None else argv
         sys.exit(run_children([*argv, "--processes", "1"], args.processes))
+    if args.command in TRACED:
+        from hookline.core import tracing
+
+        tracing.setup(args.command)
     from hookline import commands
 
     handler = {

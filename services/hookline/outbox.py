@@ -19,7 +19,7 @@ from typing import Any
 
 import asyncpg
 
-from hookline.core import db
+from hookline.core import db, tracing
 
 __all__ = ["publish", "query"]
 
@@ -37,7 +37,9 @@ async def publish(conn: asyncpg.Connection, event_type: str, payload: Any, *, ag
     # Sent as text and cast in SQL, so it works whether or not the caller's
     # connection has a jsonb codec installed (ours does; a plain asyncpg one does not).
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-    event_id: str = await conn.fetchval(query("publish"), event_type, body, aggregate_type, aggregate_id, endpoint)
+    # The current span's trace context (a handler's, say) goes with the event to its deliveries.
+    event_id: str = await conn.fetchval(query("publish"), event_type, body, aggregate_type, aggregate_id, endpoint,
+                                        tracing.current_traceparent())
     return event_id
 
 

@@ -13,6 +13,7 @@ Input the sender got wrong is a 4xx and costs no other sender anything.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -24,7 +25,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from hookline.core import http, metrics
+from hookline.core import http, metrics, tracing
 from hookline.core.batching import BatcherFull
 from hookline.core.providers import Provider, ProviderRegistry
 from hookline.core.signatures import SignatureError, signature_headers_for, verify
@@ -130,6 +131,13 @@ async def _receive(request: web.Request, name: str, provider: Provider | None) -
 
 
 async def _verify_and_store(request: web.Request, provider: Provider, raw: bytes) -> web.Response:
+    with tracing.span("hookline.receive", request.headers.get("traceparent"), tracing.SERVER,
+                      {"hookline.provider": provider.name}) as traceparent:
+        return await _store_verified(request, provider, raw, traceparent)
+
+
+async def _store_verified(request: web.Request, provider: Provider, raw: bytes,
+                          traceparent: str | None) -> web.Response:
     try:
         verify(provider.signature, request.headers, raw, time.time())
     except SignatureError as exc:
@@ -138,6 +146,9 @@ async def _verify_and_store(request: web.Request, provider: Provider, raw: bytes
         row = build_row(provider, request.headers, raw, request.headers.get("Content-Type"))
     except BadEvent as exc:
         return http.error(400, exc.code, exc.message)
+    if traceparent is not None:  # the worker continues the receiver's span, as a proxy forwards it
+        row = dataclasses.replace(row, headers={**{k: v for k, v in row.headers.items() if k.lower() != "traceparent"},
+                                                "traceparent": traceparent})
     try:
         async with asyncio.timeout(STORE_TIMEOUT):
             stored = await request.app[COMMITTER_KEY].store(row)

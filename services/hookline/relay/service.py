@@ -32,7 +32,7 @@ import asyncpg
 from aiohttp import web
 
 from hookline import outbox
-from hookline.core import delivery, http, metrics
+from hookline.core import delivery, http, metrics, tracing
 from hookline.core.batching import Batcher
 from hookline.core.consumer import LeasedConsumer, write_completion
 from hookline.core.dedicated import DedicatedConnection
@@ -61,6 +61,7 @@ class Claimed:
     event_id: str
     body: bytes
     probe: bool = False  # the probe of a half-open circuit: its outcome decides the circuit
+    traceparent: str | None = None  # the publisher's trace context (core/tracing.py)
 
 
 def envelope(event_type: str, created_at: datetime, payload: object) -> bytes:
@@ -268,7 +269,8 @@ class Relay(LeasedConsumer):
         for row in rows:
             event = events[row["outbox_id"]]
             self._start(Claimed(row["id"], row["attempts"], endpoint, event["event_id"],
-                                envelope(event["event_type"], event["created_at"], event["payload"]), probe))
+                                envelope(event["event_type"], event["created_at"], event["payload"]), probe,
+                                event["traceparent"]))
 
     def _start(self, claimed: Claimed) -> None:
         self.spawn(claimed.id, self._deliver(claimed), self.lease_seconds, claimed.endpoint.name)
@@ -299,12 +301,10 @@ class Relay(LeasedConsumer):
 
     async def _deliver(self, claimed: Claimed) -> None:
         endpoint = claimed.endpoint
-        if endpoint.secrets:
-            headers = sign_standard_webhooks(endpoint.secrets, claimed.event_id, int(time.time()), claimed.body)
-            headers["content-type"] = "application/json"
-            result = await delivery.post(self.session, endpoint.url, claimed.body, headers, timeout=endpoint.timeout)
-        else:
-            result = DeliveryResult(None, "", 0.0, error="the endpoint has no valid secret to sign with")
+        with tracing.span("hookline.deliver", claimed.traceparent, tracing.CLIENT,
+                          {"hookline.endpoint": endpoint.name, "hookline.event_id": claimed.event_id,
+                           "hookline.attempt": claimed.attempts}) as traceparent:
+            result = await self._post(claimed, traceparent)
         outcome = delivery.classify(result)  # every outcome but gone is retried, client errors included
         metrics.relay_deliveries.labels(endpoint.name, outcome).inc()
         if result.status is not None:
@@ -322,6 +322,16 @@ class Relay(LeasedConsumer):
             await asyncio.gather(count, booking)
         else:
             await asyncio.gather(count, self._fail(claimed, result))
+
+    async def _post(self, claimed: Claimed, traceparent: str | None) -> DeliveryResult:
+        endpoint = claimed.endpoint
+        if not endpoint.secrets:
+            return DeliveryResult(None, "", 0.0, error="the endpoint has no valid secret to sign with")
+        headers = sign_standard_webhooks(endpoint.secrets, claimed.event_id, int(time.time()), claimed.body)
+        headers["content-type"] = "application/json"
+        if traceparent is not None:
+            headers["traceparent"] = traceparent
+        return await delivery.post(self.session, endpoint.url, claimed.body, headers, timeout=endpoint.timeout)
 
     async def _disable(self, claimed: Claimed, result: DeliveryResult) -> None:
         reason = f"HTTP 410 Gone at {datetime.now(UTC).isoformat(timespec='seconds')}: endpoint disabled"

@@ -52,7 +52,7 @@ from enum import Enum
 import aiohttp
 import asyncpg
 
-from hookline.core import db, delivery, metrics
+from hookline.core import db, delivery, metrics, tracing
 from hookline.core.batching import Batcher
 from hookline.core.consumer import write_completion
 from hookline.core.providers import Provider, Transition
@@ -332,15 +332,20 @@ class Processor:
         return Result.UNKNOWN if booked is None else Result.DONE if booked else Result.LOST
 
     async def _effect(self, event: Event, provider: Provider, conn: asyncpg.Connection | None) -> None:
-        if provider.handler:
-            handler = load_handler(provider.handler)
-            await (handler.function(event, conn) if handler.transactional else handler.function(event))
-        elif provider.destination:
-            await self._call_destination(event, provider)
-        else:
-            raise PermanentFailure(f"provider {provider.name} has neither handler nor destination")
+        # The handler span continues the receiver's (core/tracing.py); outbox events the handler
+        # publishes, and the destination call, carry it on.
+        with tracing.span("hookline.handle", event.headers.get("traceparent"), tracing.CONSUMER,
+                          {"hookline.provider": event.provider, "hookline.event_id": event.event_id,
+                           "hookline.attempt": event.attempts}) as traceparent:
+            if provider.handler:
+                handler = load_handler(provider.handler)
+                await (handler.function(event, conn) if handler.transactional else handler.function(event))
+            elif provider.destination:
+                await self._call_destination(event, provider, traceparent)
+            else:
+                raise PermanentFailure(f"provider {provider.name} has neither handler nor destination")
 
-    async def _call_destination(self, event: Event, provider: Provider) -> None:
+    async def _call_destination(self, event: Event, provider: Provider, traceparent: str | None = None) -> None:
         assert provider.destination is not None
         headers = {
             "Content-Type": event.content_type or "application/json",
@@ -348,6 +353,8 @@ class Processor:
             "Hookline-Provider": event.provider,
             "Idempotency-Key": event.idempotency_key,
         }
+        if traceparent is not None:
+            headers["traceparent"] = traceparent
         if provider.destination_secret:
             headers.update(sign_standard_webhooks([provider.destination_secret], event.idempotency_key,
                                                   int(time.time()), event.body))

@@ -5,7 +5,10 @@
 -- name: publish
 -- hookline.outbox.publish: the event as JSON text, cast here, so that it works
 -- with or without a jsonb codec on the caller's connection.
-SELECT hookline.publish($1, $2::text::jsonb, $3, $4, $5);
+-- $6 is the publisher's traceparent (or NULL), set for the rest of the transaction
+-- before publish runs (the FROM item is evaluated first); publish stores it.
+SELECT hookline.publish($1, $2::text::jsonb, $3, $4, $5)
+FROM (SELECT set_config('hookline.traceparent', coalesce($6::text, ''), true)) AS traced;
 
 -- name: insert_endpoint
 INSERT INTO hookline.endpoints (name, url, event_types, ordered, secrets, max_attempts, initial_delay_seconds,
@@ -73,7 +76,7 @@ RETURNING d.id;
 -- The events behind a batch of claimed deliveries (claim returns delivery rows),
 -- with the endpoint's secrets as of now: a rotation committed before the claim
 -- signs every delivery of that claim, however stale the relay's endpoint cache.
-SELECT o.id, o.event_id, o.event_type, o.payload, o.created_at, e.secrets
+SELECT o.id, o.event_id, o.event_type, o.payload, o.created_at, o.traceparent, e.secrets
 FROM hookline.outbox AS o, hookline.endpoints AS e
 WHERE o.id = ANY($1::bigint[]) AND e.name = $2;
 
