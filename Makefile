@@ -7,7 +7,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | $(PYTHON) -c "import sys,hashlib;print(hashlib.sha1(sys.stdin.buffer.read()).hexdigest()[:12])")
 ARGS   ?=
 
-.PHONY: run test lint typecheck pytest bench bench-receiver bench-worker bench-relay bench-operator-stats envtest clean help
+.PHONY: run test lint typecheck pytest bench bench-receiver bench-worker bench-relay bench-operator-stats envtest prometheus clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,operator,test]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,operator,test,otel]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 run: $(STAMP)  ## start the whole stack on an embedded Postgres (Ctrl-C stops it)
@@ -31,7 +31,7 @@ lint: $(STAMP)  ## ruff
 typecheck: $(STAMP)  ## mypy --strict on the project's packages
 	$(BIN)/mypy
 
-pytest: $(STAMP) envtest  ## the test suite (real Postgres, real processes, a real kube-apiserver)
+pytest: $(STAMP) envtest prometheus  ## the test suite (real Postgres, real processes, a real kube-apiserver and Prometheus)
 	$(BIN)/pytest $(ARGS)
 
 envtest:  ## build etcd, kube-apiserver and kubectl once per machine (cached in ~/.cache/hookline/envtest)
@@ -39,6 +39,13 @@ envtest:  ## build etcd, kube-apiserver and kubectl once per machine (cached in 
 		nice -n 19 tests/envtest/build.sh; \
 	else \
 		echo "envtest: no Go toolchain; Kubernetes tests will be skipped (HOOKLINE_REQUIRE_K8S=1 makes that an error)"; \
+	fi
+
+prometheus:  ## prometheus and promtool from PATH, or built once per machine (cached in ~/.cache/hookline/prometheus)
+	@if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || command -v go >/dev/null 2>&1; then \
+		nice -n 19 tests/monitoring/build-prometheus.sh; \
+	else \
+		echo "prometheus: no binaries and no Go toolchain; monitoring tests will be skipped (HOOKLINE_REQUIRE_PROMETHEUS=1 makes that an error)"; \
 	fi
 
 bench: $(STAMP)  ## the three benchmarks in a short mode (a few minutes) and one table of every ratio and its target
