@@ -58,14 +58,20 @@ CREATE INDEX inbox_suspect_idx ON hookline.inbox (provider, next_attempt_at, id)
 -- claimable index few; old partitions are not vacuumed again, they are dropped.
 -- (Storage parameters of a partitioned table are applied to partitions created
 -- later by hookline.ensure_partitions; the legacy partition gets them here.)
-ALTER TABLE hookline.inbox_legacy SET (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.02,
-    autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
 
--- The legacy table becomes the partition of everything up to the end of the current day.
+-- The legacy table becomes the partition of everything up to the end of the current day;
+-- on a new install (nothing in it) it is dropped instead, and the partition manager's
+-- daily partitions start today.
 DO $$
 DECLARE
     legacy_end timestamptz := date_bin('1 day', now(), timestamptz '2000-01-01 00:00+00') + interval '1 day';
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM hookline.inbox_legacy) THEN
+        DROP TABLE hookline.inbox_legacy;
+        RETURN;
+    END IF;
+    ALTER TABLE hookline.inbox_legacy SET (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.02,
+        autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
     EXECUTE format('ALTER TABLE hookline.inbox_legacy ADD CONSTRAINT inbox_legacy_bound '
                    'CHECK (received_at IS NOT NULL AND received_at < %L)', legacy_end);
     EXECUTE format('ALTER TABLE hookline.inbox ATTACH PARTITION hookline.inbox_legacy '
@@ -112,10 +118,16 @@ CREATE TABLE hookline.inbox_keys (
 -- Insert-only until deleted, so the table is packed full.
 CREATE INDEX inbox_keys_received_idx ON hookline.inbox_keys (received_at);
 
-INSERT INTO hookline.inbox_keys (provider, event_id, received_at)
-SELECT provider, event_id, received_at FROM hookline.inbox_legacy;
--- The keys table holds this uniqueness now; the old index would only cost writes.
-ALTER TABLE hookline.inbox_legacy DROP CONSTRAINT inbox_provider_event_id_key;
+-- The legacy rows' keys. The keys table holds this uniqueness now; the legacy table's
+-- unique constraint would only cost writes.
+DO $$
+BEGIN
+    IF to_regclass('hookline.inbox_legacy') IS NOT NULL THEN
+        INSERT INTO hookline.inbox_keys (provider, event_id, received_at)
+        SELECT provider, event_id, received_at FROM hookline.inbox_legacy;
+        ALTER TABLE hookline.inbox_legacy DROP CONSTRAINT inbox_provider_event_id_key;
+    END IF;
+END $$;
 
 -- The partition manager's settings per partitioned table, like pg_partman's part_config:
 -- the width of a partition and how many are created ahead of time.
@@ -169,8 +181,11 @@ BEGIN
                                name, parent_table, period, period + cfg.width,
                                CASE WHEN cfg.storage = '' THEN '' ELSE ' WITH (' || cfg.storage || ')' END);
                 RETURN NEXT name;
-            EXCEPTION WHEN check_violation THEN
-                RAISE WARNING 'hookline: % not created: the default partition holds rows of that period', name;
+            EXCEPTION
+                WHEN check_violation THEN
+                    RAISE WARNING 'hookline: % not created: the default partition holds rows of that period', name;
+                WHEN duplicate_table THEN
+                    NULL;  -- another session created it meanwhile (the Maintainer's leader lock makes this rare)
             END;
         END IF;
         period := period + cfg.width;

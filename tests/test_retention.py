@@ -1,0 +1,175 @@
+"""Retention of the partitioned inbox (core/partitions.py, migration 0011) with partitions of one
+second: partitions are created ahead and dropped whole only when nothing in them must be kept;
+payloads of done events go, pending and dead events stay, dedup keys outlive their payloads (a
+duplicate is still a duplicate), and of two maintainers racing only the leader manages."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+
+import asyncpg
+import pytest
+
+from hookline.core import db, partitions
+from hookline.core.maintenance import Job, Maintainer, partition_manager
+from support.dedicated import GatedConnection
+from support.endpoints import wait_for
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+INBOX = "hookline.inbox"
+KEEP_EVERYTHING_ELSE = {"dead_days": 1.0, "dedup_days": 1.0}  # a day: nothing but done rows expire here
+ONE_SECOND = 1 / 3600  # in hours
+
+
+async def one_second_partitions(pool: asyncpg.Pool, premake: int = 30) -> list[str]:
+    """Replace the (empty) daily partitions of a new database by one-second ones."""
+    for row in await pool.fetch(db.query("list_partitions", "partitions.sql"), INBOX):
+        if not row["is_default"]:
+            await pool.execute(f"DROP TABLE {row['name']}")
+    assert await pool.fetchval(db.query("set_partition_width", "partitions.sql"), INBOX, datetime.timedelta(seconds=1),
+                               premake) == INBOX
+    return await partitions.ensure_partitions(pool)
+
+
+async def receive(pool: asyncpg.Pool, provider: str, *event_ids: str) -> list[str]:
+    """Store events as the receiver does; returns the ids stored, sorted (the others were duplicates)."""
+    n = len(event_ids)
+    rows = await pool.fetch(db.query("insert_inbox_batch"), [provider] * n, list(event_ids), ["t"] * n, [None] * n,
+                            [{}] * n, [b"{}"] * n, [None] * n)
+    return sorted(r["event_id"] for r in rows)
+
+
+async def partition_of(pool: asyncpg.Pool, event_id: str) -> str:
+    name: str = await pool.fetchval("SELECT tableoid::regclass::text FROM hookline.inbox WHERE event_id = $1", event_id)
+    return name
+
+
+async def next_second(pool: asyncpg.Pool) -> None:
+    start = await pool.fetchval("SELECT date_trunc('second', clock_timestamp())")
+    await wait_for(lambda: _after(pool, start))
+
+
+async def _after(pool: asyncpg.Pool, moment: datetime.datetime) -> bool:
+    return bool(await pool.fetchval("SELECT date_trunc('second', clock_timestamp()) > $1", moment))
+
+
+async def test_partitions_are_created_ahead_and_not_twice(pool: asyncpg.Pool) -> None:
+    created = await one_second_partitions(pool, premake=5)
+    assert len(created) == 6  # the current second and five ahead
+    names = [r["name"] for r in await pool.fetch(db.query("list_partitions", "partitions.sql"), INBOX)]
+    assert set(created) <= set(names) and "hookline.inbox_default" in names
+    # Concurrent passes (without the Maintainer's lock) create nothing twice and fail nowhere.
+    again = await asyncio.gather(*(partitions.ensure_partitions(pool) for _ in range(4)))
+    assert all(set(run).isdisjoint(created) for run in again)
+    made = [name for run in again for name in run]
+    assert len(made) == len(set(made))
+    # New events land in the partition of their second, not in the default one.
+    assert await receive(pool, "p", "evt-1") == ["evt-1"]
+    assert await partition_of(pool, "evt-1") != "hookline.inbox_default"
+
+
+async def test_retention_drops_done_payloads_keeps_pending_dead_and_keys(pool: asyncpg.Pool) -> None:
+    await one_second_partitions(pool)
+    retention = partitions.Retention(done_hours=ONE_SECOND, **KEEP_EVERYTHING_ELSE)
+    assert await receive(pool, "p", "done-alone") == ["done-alone"]
+    await next_second(pool)
+    assert await receive(pool, "p", "done-beside", "pending", "dead") == ["dead", "done-beside", "pending"]
+    alone, mixed = await partition_of(pool, "done-alone"), await partition_of(pool, "pending")
+    assert alone != mixed
+    await pool.execute("UPDATE hookline.inbox SET status = 'done', processed_at = now() "
+                       "WHERE event_id IN ('done-alone', 'done-beside')")
+    await pool.execute("UPDATE hookline.inbox SET status = 'dead', processed_at = now() WHERE event_id = 'dead'")
+
+    # Once both seconds are more than a second old: the partition of only done rows is dropped
+    # whole; the one with a pending and a dead event stays, and only its done row is deleted.
+    await next_second(pool)
+    await next_second(pool)
+    report = await partitions.expire_inbox(pool, retention)
+    # (Empty partitions of the seconds before are dropped too.)
+    assert {name: rows for name, rows in report.dropped.items() if rows} == {alone: 1}
+    assert report.deleted == 1
+    remaining = {r["event_id"]: r["status"] for r in await pool.fetch("SELECT event_id, status FROM hookline.inbox")}
+    assert remaining == {"pending": "pending", "dead": "dead"}
+    assert await pool.fetchval("SELECT to_regclass($1)", alone) is None
+    assert await pool.fetchval("SELECT to_regclass($1)::text", mixed) == mixed
+
+    # Keys outlive payloads: every event sent again is a duplicate, stored and processed never again.
+    assert await pool.fetchval("SELECT count(*) FROM hookline.inbox_keys") == 4
+    assert await receive(pool, "p", "done-alone", "done-beside", "pending", "dead") == []
+    assert await pool.fetchval("SELECT count(*) FROM hookline.inbox") == 2
+
+
+async def test_dedup_keys_expire_only_after_their_window_and_their_partition(pool: asyncpg.Pool) -> None:
+    await one_second_partitions(pool)
+    assert await receive(pool, "p", "old") == ["old"]
+    await next_second(pool)
+    assert await receive(pool, "p", "kept-pending") == ["kept-pending"]
+    await pool.execute("UPDATE hookline.inbox SET status = 'done' WHERE event_id = 'old'")
+    await next_second(pool)
+    await next_second(pool)
+    # A window shorter than the payloads': keys whose partition still exists are kept anyway.
+    short = partitions.Retention(done_hours=1.0, dead_days=1.0, dedup_days=1 / 86400)
+    report = await partitions.expire_inbox(pool, short)
+    assert report.keys_deleted == 0 and not any(report.dropped.values())
+    assert await receive(pool, "p", "old", "kept-pending") == []
+
+    # Payloads of done events gone (a second), keys kept a day: still duplicates.
+    long_keys = partitions.Retention(done_hours=ONE_SECOND, dead_days=1.0, dedup_days=1.0)
+    report = await partitions.expire_inbox(pool, long_keys)
+    assert sum(report.dropped.values()) == 1 and report.keys_deleted == 0
+    assert await receive(pool, "p", "old") == []
+
+    # Past the window and without a partition: the key goes, and the id is new again.
+    report = await partitions.expire_inbox(pool, partitions.Retention(done_hours=ONE_SECOND, dead_days=1.0,
+                                                                      dedup_days=1 / 86400))
+    assert report.keys_deleted == 1
+    assert await pool.fetchval("SELECT array_agg(event_id) FROM hookline.inbox_keys") == ["kept-pending"]
+    assert await receive(pool, "p", "old") == ["old"]
+
+
+async def test_per_provider_retention_from_the_spec(pool: asyncpg.Pool) -> None:
+    await one_second_partitions(pool)
+    await pool.execute("INSERT INTO hookline.providers (name, spec) VALUES ('short', $1), ('long', $2)",
+                       {"retention": {"doneHours": ONE_SECOND}}, {"retention": {"doneHours": 24}})
+    assert await receive(pool, "short", "s-1") == ["s-1"]
+    assert await receive(pool, "long", "l-1") == ["l-1"]
+    await pool.execute("UPDATE hookline.inbox SET status = 'done', processed_at = now()")
+    await next_second(pool)
+    await next_second(pool)
+    report = await partitions.expire_inbox(pool, partitions.Retention(done_hours=ONE_SECOND, dead_days=1.0,
+                                                                      dedup_days=1.0))
+    # The partition holds a provider that keeps done events a day: it stays, minus the other's row.
+    assert not any(report.dropped.values()) and report.deleted == 1
+    assert [r["event_id"] for r in await pool.fetch("SELECT event_id FROM hookline.inbox")] == ["l-1"]
+
+
+async def test_of_two_maintainers_racing_only_the_leader_manages_partitions(database_url: str,
+                                                                           pool: asyncpg.Pool) -> None:
+    await one_second_partitions(pool, premake=3)
+    ran: list[str] = []
+
+    def job(name: str) -> Job:
+        manager = partition_manager(pool, partitions.Retention(), interval=0.05)
+
+        async def run() -> None:
+            ran.append(name)
+            await manager.run()
+
+        return Job(manager.name, run, manager.interval)
+
+    maintainers = [Maintainer("inbox", [job(name)], GatedConnection(database_url), election_interval=0.1)
+                   for name in ("a", "b")]
+    for m in maintainers:
+        await m.start()
+    try:
+        await wait_for(lambda: len(ran) >= 40)
+        leaders = [name for name, m in zip("ab", maintainers, strict=True) if m.is_leader]
+        assert len(leaders) == 1 and set(ran) == set(leaders)
+    finally:
+        for m in maintainers:
+            await m.stop()
+    # Partitions kept being created ahead, one per second, none twice.
+    names = [r["name"] for r in await pool.fetch(db.query("list_partitions", "partitions.sql"), INBOX)]
+    assert len(names) == len(set(names)) and len(names) >= 5
