@@ -1,7 +1,8 @@
 """Retention of the partitioned inbox (core/partitions.py, migration 0011) with partitions of one
 second: partitions are created ahead and dropped whole only when nothing in them must be kept;
 payloads of done events go, pending and dead events stay, dedup keys outlive their payloads (a
-duplicate is still a duplicate), and of two maintainers racing only the leader manages."""
+duplicate is still a duplicate, and copies racing across a partition boundary are stored once),
+and of two maintainers racing only the leader manages."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ async def one_second_partitions(pool: asyncpg.Pool, premake: int = 30) -> list[s
     return await partitions.ensure_partitions(pool)
 
 
-async def receive(pool: asyncpg.Pool, provider: str, *event_ids: str) -> list[str]:
+async def receive(pool: asyncpg.Pool | asyncpg.Connection, provider: str, *event_ids: str) -> list[str]:
     """Store events as the receiver does; returns the ids stored, sorted (the others were duplicates)."""
     n = len(event_ids)
     rows = await pool.fetch(db.query("insert_inbox_batch"), [provider] * n, list(event_ids), ["t"] * n, [None] * n,
@@ -173,3 +174,28 @@ async def test_of_two_maintainers_racing_only_the_leader_manages_partitions(data
     # Partitions kept being created ahead, one per second, none twice.
     names = [r["name"] for r in await pool.fetch(db.query("list_partitions", "partitions.sql"), INBOX)]
     assert len(names) == len(set(names)) and len(names) >= 5
+
+
+async def test_a_duplicate_racing_across_a_partition_boundary_is_stored_once(database_url: str,
+                                                                            pool: asyncpg.Pool) -> None:
+    await one_second_partitions(pool)
+    first, second = await db.connect(database_url), await db.connect(database_url)
+    try:
+        tx = first.transaction()
+        await tx.start()
+        assert await receive(first, "p", "racer") == ["racer"]  # stored, not committed yet
+        await next_second(pool)
+        # The copy arrives a partition later and waits on the key the first one holds.
+        racing = asyncio.create_task(receive(second, "p", "racer"))
+        await wait_for(lambda: _waiting_on_a_lock(pool))
+        await tx.commit()
+        assert await racing == []
+    finally:
+        await first.close()
+        await second.close()
+    assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE event_id = 'racer'") == 1
+
+
+async def _waiting_on_a_lock(pool: asyncpg.Pool) -> bool:
+    return bool(await pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                    "AND datname = current_database()"))
