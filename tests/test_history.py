@@ -5,6 +5,8 @@ answer, and `hookline dlq replay --event` through the one replay path."""
 from __future__ import annotations
 
 import json
+import socket
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -12,7 +14,9 @@ import pytest
 from hookline import outbox
 from hookline.core.queue import INBOX, OUTBOX
 from hookline.relay import endpoints
-from support.processes import hookline_cli
+from support.inbox import apply_provider, create_effect_tables
+from support.inbox import wait_for as wait_for_row
+from support.processes import hookline_cli, worker
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -140,3 +144,23 @@ async def test_deliveries_show_each_answer(pool: asyncpg.Pool, database_url: str
                                                                       ("2", "done", "relay-x", "200", "35")]
     missing = hookline_cli(database_url, "deliveries", "show", "msg_nothing")
     assert missing.returncode == 1 and "no delivery 'msg_nothing'" in missing.stderr
+
+
+async def test_a_real_worker_logs_each_attempt_of_a_failing_handler(pool: asyncpg.Pool, database_url: str,
+                                                                    log_dir: Path) -> None:
+    """The batched (event, conn) path of a real worker process: its failures booked inside the
+    batch's transaction are logged, with the worker's lease-holder name."""
+    await create_effect_tables(pool)
+    apply_provider(database_url, "poison", 'signature: {scheme: none}\nhandler: "support.handlers:always_fail"\n'
+                   "retry: {maxAttempts: 3, initialDelaySeconds: 0.05, maxDelaySeconds: 0.1}")
+    await receive(pool, "poison", "evt_poison", b'{"data": {}}')
+    proc = worker(database_url, log_dir, "--provider", "poison")
+    try:
+        await wait_for_row(pool, "SELECT status FROM hookline.inbox WHERE event_id = 'evt_poison'", "dead")
+    finally:
+        proc.stop()
+    out = hookline_cli(database_url, "events", "show", "poison", "evt_poison").stdout
+    attempts = [line.split() for line in out.splitlines() if line.startswith("    ") and line.split()[0].isdigit()]
+    assert [(a[0], a[2]) for a in attempts] == [("1", "retry"), ("2", "retry"), ("3", "dead")], out
+    assert {a[3] for a in attempts} == {attempts[0][3]} and attempts[0][3].startswith(socket.gethostname())
+    assert out.count("KeyError") >= 3
