@@ -14,6 +14,7 @@ from hookline.core.provider_spec import (
     FieldRule,
     Ordering,
     Provider,
+    Retention,
     SpecError,
     Transition,
     load_documents,
@@ -134,6 +135,17 @@ BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
      "spec.replayProtection.bodyHashWindowSeconds must be between 1 and 2592000, not 0"),
     ("replay window a boolean", {"replayProtection": {"bodyHashWindowSeconds": True}},
      "spec.replayProtection.bodyHashWindowSeconds must be a number"),
+    # retention
+    ("retention not an object", {"retention": 72}, "spec.retention must be an object"),
+    ("retention unknown setting", {"retention": {"doneDays": 3}},
+     "spec.retention.doneDays is not a retention setting (doneHours, deadDays, dedupDays)"),
+    ("doneHours zero", {"retention": {"doneHours": 0}},
+     "spec.retention.doneHours must be greater than 0 and at most 87600, not 0"),
+    ("deadDays over ten years", {"retention": {"deadDays": 3651}},
+     "spec.retention.deadDays must be greater than 0 and at most 3650, not 3651"),
+    ("dedupDays a string", {"retention": {"dedupDays": "30d"}},
+     "spec.retention.dedupDays must be a number, not a string"),
+    ("dedupDays a boolean", {"retention": {"dedupDays": True}}, "spec.retention.dedupDays must be a number"),
     # limits
     ("maxBodyBytes zero", {"maxBodyBytes": 0}, "spec.maxBodyBytes must be between 1 and 67108864, not 0"),
     ("maxBodyBytes over 64 MiB", {"maxBodyBytes": 64 * 1024 * 1024 + 1}, "spec.maxBodyBytes must be between 1 and"),
@@ -195,6 +207,7 @@ def test_full_spec_round_trips() -> None:
             ],
         },
         "replayProtection": {"bodyHashWindowSeconds": 900},
+        "retention": {"doneHours": 0.5, "deadDays": 30, "dedupDays": 90},
     }
     provider = parse_provider("stripe", spec, ["sk_1", "sk_2"], destination_secret="whsec_dest")
     assert provider == Provider(
@@ -213,6 +226,7 @@ def test_full_spec_round_trips() -> None:
             Transition("payment_intent.refunded", ("succeeded",), "refunded"),
         )),
         replay_window_seconds=900,
+        retention=Retention(done_hours=0.5, dead_days=30, dedup_days=90),
         destination_secret="whsec_dest",
     )
     assert (provider.signature.scheme, provider.signature.secrets, provider.signature.tolerance_seconds) == (
@@ -226,6 +240,7 @@ def test_defaults_come_from_the_scheme_and_the_contract() -> None:
                                                         FieldRule("header", "x-github-event"))
     assert (provider.max_body_bytes, provider.lease_seconds, provider.retry) == (DEFAULT_MAX_BODY, 60, RetryPolicy())
     assert (provider.ordering, provider.replay_window_seconds, provider.destination) == (None, None, None)
+    assert provider.retention == Retention()  # the install's defaults (chart retention.*)
     assert provider.signature.tolerance_seconds == 300
     transition = parse_provider("gh", spec_with({"ordering": ORDERING}), SECRETS).ordering
     assert transition is not None and transition.transitions == (Transition("created", (None,), "open"),)

@@ -57,6 +57,21 @@ class Destination:
 
 
 @dataclass(frozen=True)
+class Retention:
+    """spec.retention: how long this provider's events are kept; None = the install's default
+    (chart retention.*). Applied by the partition manager (core/partitions.py), which reads
+    them from the stored spec."""
+
+    done_hours: float | None = None
+    dead_days: float | None = None
+    dedup_days: float | None = None
+
+
+# Upper limits of spec.retention: ten years.
+_RETENTION_LIMITS = {"doneHours": 87600.0, "deadDays": 3650.0, "dedupDays": 3650.0}
+
+
+@dataclass(frozen=True)
 class Provider:
     name: str
     signature: SignatureConfig
@@ -71,6 +86,7 @@ class Provider:
     # spec.replayProtection.bodyHashWindowSeconds: a body seen again within this many seconds is
     # a duplicate whatever its event id (for schemes that sign neither the id nor a timestamp).
     replay_window_seconds: float | None = None
+    retention: Retention = field(default_factory=Retention)
     # Signs the worker's calls to `destination` (Standard Webhooks), so the internal
     # service can tell them from anyone else's.
     destination_secret: str | None = field(default=None, repr=False)
@@ -96,6 +112,7 @@ def parse_provider(name: str, spec: Mapping[str, Any], secrets: Iterable[str] = 
     retry = _retry(spec)
     ordering = _ordering(spec)
     replay_window = _replay_window(spec)
+    retention = _retention(spec)
     return Provider(
         name=name,
         signature=signature,
@@ -108,6 +125,7 @@ def parse_provider(name: str, spec: Mapping[str, Any], secrets: Iterable[str] = 
         lease_seconds=int(_number(spec, "leaseSeconds", "spec", 60, 1, 3600)),
         ordering=ordering,
         replay_window_seconds=replay_window,
+        retention=retention,
         destination_secret=destination_secret,
         spec=spec,
     )
@@ -219,6 +237,17 @@ def _replay_window(spec: Mapping[str, Any]) -> float | None:
     return _number(replay_spec, "bodyHashWindowSeconds", "spec.replayProtection", 0, 1, 30 * 86400)
 
 
+def _retention(spec: Mapping[str, Any]) -> Retention:
+    if (retention_spec := _get(spec, "retention", Mapping, "spec")) is None:
+        return Retention()
+    unknown = sorted(set(retention_spec) - set(_RETENTION_LIMITS))
+    if unknown:
+        raise SpecError(f"spec.retention.{unknown[0]} is not a retention setting "
+                        f"(doneHours, deadDays, dedupDays)")
+    values = {key: _positive(retention_spec, key, "spec.retention", hi) for key, hi in _RETENTION_LIMITS.items()}
+    return Retention(values["doneHours"], values["deadDays"], values["dedupDays"])
+
+
 # --- field readers -------------------------------------------------------------------------------
 
 
@@ -251,6 +280,16 @@ def _number(obj: Mapping[str, Any], key: str, where: str, default: float, lo: fl
     if not lo <= value <= hi:
         raise SpecError(f"{where}.{key} must be between {_plain(lo)} and {_plain(hi)}, not {_plain(value)}")
     return value
+
+
+def _positive(obj: Mapping[str, Any], key: str, where: str, hi: float) -> float | None:
+    """An optional number greater than 0 (fractions allowed: 0.5 hours) and at most ``hi``."""
+    value = _get(obj, key, (int, float), where)
+    if value is None:
+        return None
+    if not 0 < value <= hi:
+        raise SpecError(f"{where}.{key} must be greater than 0 and at most {_plain(hi)}, not {_plain(value)}")
+    return float(value)
 
 
 def _plain(number: float) -> str:
