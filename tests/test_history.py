@@ -164,3 +164,25 @@ async def test_a_real_worker_logs_each_attempt_of_a_failing_handler(pool: asyncp
     assert [(a[0], a[2]) for a in attempts] == [("1", "retry"), ("2", "retry"), ("3", "dead")], out
     assert {a[3] for a in attempts} == {attempts[0][3]} and attempts[0][3].startswith(socket.gethostname())
     assert out.count("KeyError") >= 3
+
+
+async def test_a_role_with_only_a_tenants_privileges_books_outcomes(pool: asyncpg.Pool) -> None:
+    """Tenant worker roles may update the inbox but have no privilege on the attempt log: the
+    trigger writes it with its owner's rights."""
+    row_id = await receive(pool, "stripe", "evt_tenant")
+    [row] = await INBOX.claim(pool, "stripe", 1, "tenant-worker", 60)
+    async with pool.acquire() as conn:
+        await conn.execute("CREATE ROLE hookline_test_tenant NOLOGIN; "
+                           "GRANT USAGE ON SCHEMA hookline TO hookline_test_tenant; "
+                           "GRANT SELECT, UPDATE ON hookline.inbox TO hookline_test_tenant")
+        try:
+            async with conn.transaction():
+                await conn.execute("SET LOCAL ROLE hookline_test_tenant")
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    async with conn.transaction():
+                        await conn.fetch("SELECT * FROM hookline.attempts")
+                assert await INBOX.complete(conn, [(row_id, row["attempts"])], "tenant-worker") == {row_id}
+        finally:
+            await conn.execute("DROP OWNED BY hookline_test_tenant; DROP ROLE hookline_test_tenant")
+    logged = await pool.fetchrow("SELECT worker, outcome FROM hookline.attempts WHERE row_id = $1", row_id)
+    assert tuple(logged) == ("tenant-worker", "done")
