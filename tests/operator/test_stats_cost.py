@@ -24,8 +24,8 @@ from support.kube import eventually
 from support.processes import ServiceProcess
 
 PROVIDERS = 200
-INTERVAL = 3.0  # seconds per tick; 200 resources x 4 timers on a shared CI machine
-TICKS = 4
+INTERVAL = 5.0  # seconds per tick; 200 resources x 4 timers on a shared CI machine
+TICKS = 3
 
 
 def manifest(count: int) -> str:
