@@ -7,7 +7,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | $(PYTHON) -c "import sys,hashlib;print(hashlib.sha1(sys.stdin.buffer.read()).hexdigest()[:12])")
 ARGS   ?=
 
-.PHONY: run test lint typecheck pytest bench bench-receiver bench-worker bench-relay bench-operator-stats envtest prometheus clean help
+.PHONY: run test lint typecheck pytest bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -62,6 +62,9 @@ bench-relay: $(STAMP)  ## outbox relay: 50,000 events to a local endpoint at con
 
 bench-operator-stats: $(STAMP)  ## the operator's one statistics query per tick, at 1 million inbox events
 	$(BIN)/python -m benchmarks.operator_stats $(ARGS)
+
+bench-storage: $(STAMP)  ## partitioned inbox: drain with 1 million done events (ARGS="--done 10" for 10) and a held snapshot, stats, a partition drop under ingest
+	$(BIN)/python -m benchmarks.storage $(ARGS)
 
 clean:  ## remove the virtualenv and dev data
 	rm -rf $(VENV) .hookline .mypy_cache .ruff_cache .pytest_cache

@@ -151,10 +151,13 @@ async def drive_wrk(port: int, requests: list[bytes], connections: int, seconds:
 
 
 def ceiling_script(body: bytes) -> str:
-    return ("INSERT INTO hookline.inbox (provider, event_id, event_type, headers, body, content_type) "
-            "VALUES ('ceiling', md5(random()::text || clock_timestamp()::text), 'invoice.paid', "
-            f"'{{\"content-type\": \"application/json\"}}', '\\x{body.hex()}', 'application/json') "
-            "ON CONFLICT (provider, event_id) DO NOTHING;\n")
+    # The receiver's work per event: claim the dedup key, store the event (migration 0011).
+    return ("WITH k AS (INSERT INTO hookline.inbox_keys (provider, event_id) "
+            "VALUES ('ceiling', md5(random()::text || clock_timestamp()::text)) "
+            "ON CONFLICT DO NOTHING RETURNING provider, event_id) "
+            "INSERT INTO hookline.inbox (provider, event_id, event_type, headers, body, content_type) "
+            "SELECT provider, event_id, 'invoice.paid', "
+            f"'{{\"content-type\": \"application/json\"}}', '\\x{body.hex()}', 'application/json' FROM k;\n")
 
 
 async def main() -> None:

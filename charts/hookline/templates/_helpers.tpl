@@ -85,6 +85,13 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ .Values.logFormat | quote }}
 - name: HOOKLINE_LOG_LEVEL
   value: {{ .Values.logLevel | quote }}
+# Default retention for the partition manager (the relays' or a `worker --sweep`'s leader).
+- name: HOOKLINE_RETENTION_DONE_HOURS
+  value: {{ .Values.retention.doneHours | quote }}
+- name: HOOKLINE_RETENTION_DEAD_DAYS
+  value: {{ .Values.retention.deadDays | quote }}
+- name: HOOKLINE_RETENTION_DEDUP_DAYS
+  value: {{ .Values.retention.dedupDays | quote }}
 {{- if .Values.devSourceSync.enabled }}
 - name: PYTHONPATH
   value: /opt/hookline-dev/src

@@ -67,7 +67,7 @@ class Retention:
     dedup_days: float | None = None
 
 
-# Upper limits of spec.retention: ten years.
+# Upper limits of spec.retention: ten years (the lower limit of each is 0.001, as in the CRD).
 _RETENTION_LIMITS = {"doneHours": 87600.0, "deadDays": 3650.0, "dedupDays": 3650.0}
 
 
@@ -244,7 +244,8 @@ def _retention(spec: Mapping[str, Any]) -> Retention:
     if unknown:
         raise SpecError(f"spec.retention.{unknown[0]} is not a retention setting "
                         f"(doneHours, deadDays, dedupDays)")
-    values = {key: _positive(retention_spec, key, "spec.retention", hi) for key, hi in _RETENTION_LIMITS.items()}
+    values = {key: _optional_number(retention_spec, key, "spec.retention", 0.001, hi)
+              for key, hi in _RETENTION_LIMITS.items()}
     return Retention(values["doneHours"], values["deadDays"], values["dedupDays"])
 
 
@@ -282,14 +283,11 @@ def _number(obj: Mapping[str, Any], key: str, where: str, default: float, lo: fl
     return value
 
 
-def _positive(obj: Mapping[str, Any], key: str, where: str, hi: float) -> float | None:
-    """An optional number greater than 0 (fractions allowed: 0.5 hours) and at most ``hi``."""
-    value = _get(obj, key, (int, float), where)
-    if value is None:
+def _optional_number(obj: Mapping[str, Any], key: str, where: str, lo: float, hi: float) -> float | None:
+    """An optional number between ``lo`` and ``hi`` (fractions allowed: 0.5 hours)."""
+    if _get(obj, key, (int, float), where) is None:
         return None
-    if not 0 < value <= hi:
-        raise SpecError(f"{where}.{key} must be greater than 0 and at most {_plain(hi)}, not {_plain(value)}")
-    return float(value)
+    return _number(obj, key, where, 0, lo, hi)
 
 
 def _plain(number: float) -> str:

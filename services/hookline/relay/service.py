@@ -32,13 +32,13 @@ import asyncpg
 from aiohttp import web
 
 from hookline import outbox
-from hookline.core import delivery, http, metrics, tracing
+from hookline.core import delivery, http, metrics, partitions, tracing
 from hookline.core.batching import Batcher
 from hookline.core.consumer import LeasedConsumer, write_completion
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.delivery import DeliveryResult, Outcome
 from hookline.core.listener import Listener
-from hookline.core.maintenance import Job, Maintainer, lease_rescuer
+from hookline.core.maintenance import Job, Maintainer, lease_rescuer, partition_manager
 from hookline.core.providers import active_secrets
 from hookline.core.queue import OUTBOX, SweepResult, make_worker_id, truncate_error
 from hookline.core.signatures import sign_standard_webhooks
@@ -127,6 +127,11 @@ class Relay(LeasedConsumer):
             Job("outbox-stats", self.refresh_stats, stats_interval, per_process=True),
             Job("outbox-cleaner", self.run_retention, RETENTION_INTERVAL),
         ], leader_connection or DedicatedConnection(pool))
+        # The inbox's partition manager (core/partitions.py) runs here too: relays hold the full
+        # credential in every install (the chart's worker pods log in as tenants), and the "inbox"
+        # scope's lock lets one process of the whole install do it, relay or `worker --sweep`.
+        self.inbox_maintainer = Maintainer(
+            "inbox", [partition_manager(pool, partitions.Retention.from_env())], DedicatedConnection(pool))
         self.completer = Completer(pool, self.worker_id)
         self.outcomes = OutcomeRecorder(pool, self.breaker_settings, self._circuits_changed)
         self.session = delivery.create_session(allow_private_networks=allow_private_networks,
@@ -146,6 +151,7 @@ class Relay(LeasedConsumer):
         self.outcomes.start()
         await self.start_loops()
         await self.maintainer.start()
+        await self.inbox_maintainer.start()
         if self.port is not None:
             self._runner = await http.serve(http.ops_app(self.pool), self.host, self.port)
         log.info("relay started", extra={"worker": self.worker_id, "concurrency": self.concurrency,
@@ -156,6 +162,7 @@ class Relay(LeasedConsumer):
         (a request that may or may not have reached its endpoint is sent again: the safe side)."""
         await self.stop_loops()
         await self.maintainer.stop()
+        await self.inbox_maintainer.stop()
         await self.completer.stop()
         await self.outcomes.stop()
         await self.session.close()
