@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
+from pathlib import Path
 
+import aiohttp
 import asyncpg
 import pytest
 
@@ -16,6 +19,8 @@ from hookline.core import db, partitions
 from hookline.core.maintenance import Job, Maintainer, partition_manager
 from support.dedicated import GatedConnection
 from support.endpoints import wait_for
+from support.inbox import apply_provider
+from support.processes import receiver
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -199,3 +204,31 @@ async def test_a_duplicate_racing_across_a_partition_boundary_is_stored_once(dat
 async def _waiting_on_a_lock(pool: asyncpg.Pool) -> bool:
     return bool(await pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                                     "AND datname = current_database()"))
+
+
+async def test_the_receiver_answers_duplicate_after_the_payload_is_gone(database_url: str, pool: asyncpg.Pool,
+                                                                       log_dir: Path) -> None:
+    await one_second_partitions(pool)
+    apply_provider(database_url, "open", 'signature: {scheme: none}\nhandler: "support.handlers:record_effect"')
+    service = receiver(database_url, log_dir)
+    try:
+        async with aiohttp.ClientSession() as http:
+            body = json.dumps({"id": "evt_gone", "type": "t"}).encode()
+
+            async def send() -> tuple[int, object]:
+                async with http.post(f"{service.url}/webhooks/open", data=body,
+                                     headers={"content-type": "application/json"}) as r:
+                    return r.status, await r.json()
+
+            assert await send() == (200, {"status": "accepted", "event_id": "evt_gone"})
+            await pool.execute("UPDATE hookline.inbox SET status = 'done', processed_at = now()")
+            await next_second(pool)
+            await next_second(pool)
+            report = await partitions.expire_inbox(pool, partitions.Retention(done_hours=ONE_SECOND,
+                                                                              **KEEP_EVERYTHING_ELSE))
+            assert sum(report.dropped.values()) == 1
+            assert await pool.fetchval("SELECT count(*) FROM hookline.inbox") == 0
+            assert await send() == (200, {"status": "duplicate", "event_id": "evt_gone"})
+            assert await pool.fetchval("SELECT count(*) FROM hookline.inbox") == 0
+    finally:
+        service.stop()
