@@ -169,9 +169,10 @@ class TransactionBatches:
     EVEN_SHARE = 8
 
     def __init__(self, run_one: Callable[[asyncpg.Connection, Job, str, str], Awaitable[tuple[Outcome, str | None]]],
-                 pool: asyncpg.Pool,
-                 name: str, *, transactions: int, max_batch: int, max_seconds: float) -> None:
+                 run_alone: Callable[[Job], Awaitable[Outcome]], pool: asyncpg.Pool, name: str, *,
+                 transactions: int, max_batch: int, max_seconds: float) -> None:
         self._run_one = run_one
+        self._run_alone = run_alone
         self._pool = pool
         self._max_seconds = max_seconds
         self._job_seconds = 0.001  # recent time per job, a moving average
@@ -194,6 +195,9 @@ class TransactionBatches:
         return min(fit, max(self.EVEN_SHARE, -(-queued // self.SPREAD)))
 
     async def _run(self, jobs: list[Job]) -> list[Outcome | None]:
+        if len(jobs) == 1:
+            metrics.worker_batch_size.observe(1)
+            return [await self._run_alone(jobs[0])]
         outcomes: list[Outcome | None] = [None] * len(jobs)
         order = sorted(range(len(jobs)), key=lambda i: (jobs[i].event.entity_key or "", jobs[i].event.id))
         ran = 0
@@ -267,22 +271,42 @@ class Processor:
         if transactional and not alone:
             return await self._batches_of(provider).run(job)
         if transactional or transition is not None:
-            async with self.pool.acquire() as conn, conn.transaction():
-                result = await self._apply(conn, job)
-                # The guarded UPDATE proves the lease is still ours; if it is not, raising rolls the
-                # handler's writes back with it, so a lost lease never commits an effect.
-                if result is Result.DONE and not await INBOX.complete(conn, [(event.id, event.attempts)],
-                                                                      self.worker_id):
-                    raise LeaseLost()
-                return Outcome(result)
+            return Outcome(await self._in_own_transaction(job))
         await self._effect(event, provider, None)
         self._effect_done(event.id)
         return Outcome(await self._book_effect(event, provider))
 
+    async def _in_own_transaction(self, job: Job) -> Result:
+        event = job.event
+        async with self.pool.acquire() as conn, conn.transaction():
+            result = await self._apply(conn, job)
+            # The guarded UPDATE proves the lease is still ours; if it is not, raising rolls the
+            # handler's writes back with it, so a lost lease never commits an effect.
+            if result is Result.DONE and not await INBOX.complete(conn, [(event.id, event.attempts)],
+                                                                  self.worker_id):
+                raise LeaseLost()
+            return result
+
+    async def _batch_of_one(self, job: Job) -> Outcome:
+        """A batch of one job (the idle case): its own transaction, no savepoint round trips; a
+        failure is booked after the rollback, as outside batches."""
+        try:
+            return Outcome(await self._in_own_transaction(job))
+        except LeaseLost:
+            return Outcome(Result.LOST)
+        except asyncio.CancelledError as exc:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            failure: Exception = RuntimeError(repr(exc))  # raised by the handler itself
+        except Exception as exc:
+            failure = exc
+        return await self._book_failure(self.pool, job.event, job.provider, failure)
+
     def _batches_of(self, provider: Provider) -> TransactionBatches:
         if provider.name not in self._batches:
             self._batches[provider.name] = TransactionBatches(
-                self._in_savepoint, self.pool, provider.name, transactions=self._concurrency,
+                self._in_savepoint, self._batch_of_one, self.pool, provider.name, transactions=self._concurrency,
                 max_batch=self._concurrency, max_seconds=self._batch_seconds)
         return self._batches[provider.name]
 
