@@ -207,3 +207,11 @@ async def test_queue_statements_keep_their_plans_on_a_partitioned_inbox(planner:
     assert used and used <= PARTITIONED_STATEMENT_INDEXES[statement], f"{statement} uses {used}"
     scanned = await nonempty(planner, {n["Relation Name"] for n in plan if n["Node Type"] == "Seq Scan"})
     assert not scanned, f"{statement} reads whole partitions: {scanned}"
+
+
+async def test_one_event_by_its_id_is_an_index_probe_per_partition(planner: asyncpg.Connection) -> None:
+    sql = "SELECT id FROM hookline.inbox WHERE provider = $1 AND event_id = $2"
+    plan = nodes(await explain(planner, sql, "an inbox event by (provider, event_id)"))
+    assert await partitioned_indexes(planner, {n["Index Name"] for n in plan if "Index Name" in n}) == {
+        "inbox_event_idx"}
+    assert not await nonempty(planner, {n["Relation Name"] for n in plan if n["Node Type"] == "Seq Scan"})

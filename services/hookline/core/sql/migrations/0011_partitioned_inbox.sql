@@ -46,6 +46,9 @@ CREATE INDEX inbox_deferred_idx ON hookline.inbox (provider, entity_key)
 CREATE INDEX inbox_retrying_idx ON hookline.inbox (provider, next_attempt_at)
     WHERE status = 'pending' AND attempts > 0 AND deferred_since IS NULL;
 CREATE INDEX inbox_suspect_idx ON hookline.inbox (provider, next_attempt_at, id) WHERE status = 'pending' AND suspect;
+-- One event by its id (`hookline events show`, `dlq replay --event`): what the unique
+-- constraint's index did before, without the uniqueness (hookline.inbox_keys has it).
+CREATE INDEX inbox_event_idx ON hookline.inbox (provider, event_id);
 
 -- Vacuum-friendly. A completion sets status, processed_at, lease_expires_at and
 -- locked_by; status is in every partial index's predicate and lease_expires_at is
