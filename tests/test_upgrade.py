@@ -4,7 +4,6 @@ recognised; workers then process what was pending or leased, and leave done and 
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -37,12 +36,7 @@ SNAPSHOT = "SELECT id, provider, event_id, status, attempts, received_at, body F
 @pytest.fixture
 async def old_database(pg_server: PgServer) -> AsyncIterator[str]:
     """A database migrated only up to the previous schema (not from the test template)."""
-    name = f"t_{uuid.uuid4().hex[:16]}"
-    admin = await asyncpg.connect(pg_server.admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
+    name = await pg_server.create_database(template=None)
     try:
         yield pg_server.url_for(name)
     finally:

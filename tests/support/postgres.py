@@ -24,11 +24,12 @@ class PgServer:
     def url_for(self, name: str) -> str:
         return with_database(self.admin_url, name)
 
-    async def create_database(self) -> str:
+    async def create_database(self, template: str | None = TEMPLATE) -> str:
+        """A new database: a copy of the migrated template, or empty with ``template=None``."""
         name = f"t_{uuid.uuid4().hex[:16]}"
         conn = await asyncpg.connect(self.admin_url)
         try:
-            await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE}"')
+            await conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
         finally:
             await conn.close()
         return name
