@@ -232,3 +232,21 @@ async def test_the_receiver_answers_duplicate_after_the_payload_is_gone(database
             assert await pool.fetchval("SELECT count(*) FROM hookline.inbox") == 0
     finally:
         service.stop()
+
+
+async def test_append_only_tables_are_partitioned_ahead_and_dropped_by_age(pool: asyncpg.Pool) -> None:
+    await one_second_partitions(pool)
+    # A log like the attempt log: registered with `retain`, it is managed by age alone (migration 0012).
+    await pool.execute("CREATE TABLE hookline.test_log (at timestamptz NOT NULL DEFAULT now(), line text) "
+                       "PARTITION BY RANGE (at)")
+    await pool.execute("INSERT INTO hookline.partition_config (parent, width, premake, retain) "
+                       "VALUES ('hookline.test_log', '1 second', 5, '1 second')")
+    report = await partitions.manage_partitions(pool, partitions.Retention())
+    assert sum(name.startswith("hookline.test_log_p") for name in report.created) == 6
+    await pool.execute("INSERT INTO hookline.test_log (line) VALUES ('old')")
+    await next_second(pool)
+    await next_second(pool)
+    await pool.execute("INSERT INTO hookline.test_log (line) VALUES ('new')")
+    dropped = await partitions.expire_by_age(pool)
+    assert dropped["dropped"] and all(name.startswith("hookline.test_log_p") for name in dropped["dropped"])
+    assert [r["line"] for r in await pool.fetch("SELECT line FROM hookline.test_log")] == ["new"]

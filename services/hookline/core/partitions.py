@@ -150,9 +150,26 @@ def _publish(report: PassReport) -> None:
                     extra={"table": INBOX, "rows": report.default_rows})
 
 
+async def expire_by_age(pool: asyncpg.Pool | asyncpg.Connection) -> dict[str, list[str]]:
+    """Drop the aged partitions of tables retained by age alone (``partition_config.retain``, migration
+    0012: append-only logs); returns the partitions dropped and deferred."""
+    done: dict[str, list[str]] = {"dropped": [], "drop_deferred": []}
+    for row in await pool.fetch(_query("expire_by_age"), LOCK_WAIT):
+        done[row["action"]].append(row["target"])
+        if row["action"] == "dropped":
+            metrics.partitions_dropped.labels(row["target"].rsplit("_p", 1)[0]).inc()
+    if done["dropped"]:
+        log.info("aged partitions dropped", extra={"partitions": done["dropped"]})
+    return done
+
+
 async def manage_partitions(pool: asyncpg.Pool | asyncpg.Connection, retention: Retention) -> PassReport:
-    """One pass of the partition manager: create ahead, then retention."""
-    created = await ensure_partitions(pool)
+    """One pass of the partition manager: create ahead for every partitioned table, then retention."""
+    created = []
+    for row in await pool.fetch(_query("partitioned_tables")):
+        created += await ensure_partitions(pool, row["parent"])
     report = await expire_inbox(pool, retention)
+    dropped_by_age = await expire_by_age(pool)
     report.created = created
+    report.deferred += dropped_by_age["drop_deferred"]
     return report

@@ -27,3 +27,11 @@ RETURNING parent;
 -- A table's partitions with their bounds and sizes, oldest first.
 SELECT name, lower_bound, upper_bound, is_default, pg_total_relation_size(name::regclass) AS bytes
 FROM hookline.partitions($1::text);
+
+-- name: partitioned_tables
+-- Every table the partition manager keeps partitions of.
+SELECT parent FROM hookline.partition_config ORDER BY parent;
+
+-- name: expire_by_age
+-- Partitions of tables retained by age alone (partition_config.retain) dropped whole.
+SELECT action, target FROM hookline.expire_by_age($1::interval);
