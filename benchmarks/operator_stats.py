@@ -70,7 +70,7 @@ async def fill(conn: asyncpg.Connection, shape: str, events: int, providers: int
 
 def scans(plan: dict[str, Any]) -> list[str]:
     found = []
-    if "Scan" in plan["Node Type"] and plan.get("Relation Name") == "inbox":
+    if "Scan" in plan["Node Type"] and str(plan.get("Relation Name", "")).startswith("inbox"):  # or a partition
         index = plan.get("Index Name")
         found.append(f"{plan['Node Type']} using {index}" if index else plan["Node Type"])
     for child in plan.get("Plans", []):
