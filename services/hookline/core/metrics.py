@@ -182,6 +182,10 @@ retention_rows = Counter(
     "hookline_retention_rows_total",
     "Rows removed by retention: dropped with a partition, deleted in batches (a partition with survivors), "
     "and dedup keys expired.", ["table", "how"])
+partition_rows_kept = Gauge(
+    "hookline_partition_rows_kept",
+    "Pending, processing and dead rows keeping partitions past their retention from being dropped "
+    "(their neighbours are deleted in batches instead).", ["table"])
 partition_rows_in_default = Gauge(
     "hookline_partition_default_rows",
     "Rows in a table's default partition (no partition covered their time: the manager fell behind).", ["table"])

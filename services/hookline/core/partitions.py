@@ -85,6 +85,7 @@ class PassReport:
     keys_deleted: int
     deferred: list[str]
     default_rows: int
+    kept: int = 0  # rows holding aged partitions back (pending, processing, dead)
 
 
 def _query(name: str) -> str:
@@ -107,6 +108,7 @@ async def expire_inbox(pool: asyncpg.Pool | asyncpg.Connection, retention: Reten
     report = PassReport([], {}, 0, 0, [], 0)
     for _ in range(MAX_BATCHES):
         full = False
+        report.kept = 0  # each pass counts them afresh; the last pass's count stands
         for row in await pool.fetch(_query("expire_inbox"), retention.done, retention.dead, batch, LOCK_WAIT):
             _account(report, row["action"], row["target"], row["affected"])
             full = full or (row["action"] == "deleted" and row["affected"] >= batch)
@@ -128,6 +130,8 @@ def _account(report: PassReport, action: str, target: str, affected: int) -> Non
         report.deleted += affected
     elif action == "drop_deferred":
         report.deferred.append(target)
+    elif action == "kept":
+        report.kept += affected
     elif action == "default_rows":
         report.default_rows = affected
 
@@ -138,6 +142,7 @@ def _publish(report: PassReport) -> None:
     metrics.retention_rows.labels(INBOX, "deleted").inc(report.deleted)
     metrics.retention_rows.labels("hookline.inbox_keys", "deleted").inc(report.keys_deleted)
     metrics.partition_rows_in_default.labels(INBOX).set(report.default_rows)
+    metrics.partition_rows_kept.labels(INBOX).set(report.kept)
     if report.dropped or report.deleted or report.keys_deleted:
         log.info("inbox retention", extra={"dropped": report.dropped, "deleted": report.deleted,
                                            "keys_deleted": report.keys_deleted})

@@ -212,7 +212,8 @@ $$;
 --     (waiting at most lock_wait), so a replay cannot slip a row back to pending
 --     between the check and the drop; a lock not granted in time defers the drop to
 --     the next pass ("drop_deferred") rather than queueing ingest behind it.
---   * Otherwise the survivors stay where they are, and up to `batch` rows past their
+--   * Otherwise the survivors stay where they are ("kept": how many rows hold a
+--     partition past its period back), and up to `batch` rows past their
 --     own limit are deleted ("deleted": done rows of providers whose doneHours have
 --     passed, dead letters older than deadDays). Pending and processing rows are
 --     never deleted. The caller repeats while a pass deletes a full batch.
@@ -258,6 +259,11 @@ BEGIN
                     RETURN NEXT;
                     CONTINUE;
                 END IF;
+                -- What holds it back: unfinished and dead rows (read through their partial indexes).
+                EXECUTE format('SELECT count(*) FROM %s WHERE status IN (''pending'', ''processing'', ''dead'')',
+                               part.name) INTO n;
+                action := 'kept'; target := part.name; affected := n;
+                RETURN NEXT;
             EXCEPTION WHEN lock_not_available THEN
                 action := 'drop_deferred'; target := part.name; affected := 0;
                 RETURN NEXT;
