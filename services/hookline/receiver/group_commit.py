@@ -1,7 +1,9 @@
 """Group commit for the receiver: concurrent requests share one INSERT per batch.
 
-One statement (one transaction, one WAL flush) stores a whole batch with
-``INSERT ... ON CONFLICT DO NOTHING``; each request is answered only after that
+One statement (one transaction, one WAL flush) stores a whole batch: it claims each
+event's dedup key (``hookline.inbox_keys``, ``INSERT ... ON CONFLICT DO NOTHING``) and
+stores the events whose key it claimed, so duplicates stay duplicates after retention
+dropped their payloads (migration 0011); each request is answered only after that
 statement has committed. See ``hookline.core.batching`` for the mechanism.
 
 One sender's bad bytes never cost another sender's event: rows are validated
