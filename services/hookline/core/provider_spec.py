@@ -16,6 +16,8 @@ from typing import Any
 from hookline.core.queue import RetryPolicy
 from hookline.core.signatures import Scheme, SignatureConfig, get_scheme, validate_config
 
+# A DNS label. Never allow "@": NAME@OWNER_UID is where a previous owner's events are
+# archived when the name changes hands (migration 0015); no provider may be called that.
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 HANDLER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 DEFAULT_MAX_BODY = 1024 * 1024

@@ -37,6 +37,8 @@ SELECT secrets FROM hookline.providers WHERE name = $1;
 -- The result is one row saying who owns the name: written = true when this call
 -- wrote it; otherwise the row as it was (ours and unchanged, or someone else's).
 -- No row at all means another transaction changed the name meanwhile: try again.
+-- Taking over from a proven-deleted owner archives that owner's events in this
+-- statement (trigger providers_owner_replaced, migration 0015).
 WITH claimed AS (
     INSERT INTO hookline.providers AS p
         (name, spec, secrets, destination_secret, managed_by, owner_namespace, owner_name, owner_uid)
@@ -67,7 +69,9 @@ SELECT false, managed_by, owner_namespace, owner_name, owner_uid FROM hookline.p
 WHERE name = $1 AND NOT EXISTS (SELECT FROM claimed);
 
 -- name: release_provider
--- A deleted resource removes only a row it owns, and its annotation tokens.
+-- A deleted resource removes only a row it owns, and its annotation tokens; its events,
+-- dedup keys and entity states are archived under name@uid in this statement (trigger
+-- providers_owner_released, migration 0015), so the next owner starts empty.
 WITH released AS (
     DELETE FROM hookline.providers WHERE name = $1 AND owner_uid = $2 RETURNING name
 ), forgotten AS (
