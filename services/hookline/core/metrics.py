@@ -157,7 +157,7 @@ db_pool_max_connections = Gauge(
 
 def track_pool(pool: asyncpg.Pool) -> None:
     """Report ``pool`` in the hookline_db_pool_* gauges while it is open."""
-    _pools.append(pool)
+    _open_pools().append(pool)  # pruned here too, so closed pools never pile up unscraped
 
 
 def _open_pools() -> list[asyncpg.Pool]:
