@@ -164,7 +164,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10, help="length of each phase (default 10)")
     parser.add_argument("--rounds", type=int, default=3, help="receiver/ceiling phase pairs, alternating (default 3)")
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 5 s (for make bench)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 10 s (for make bench)")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--processes", type=int, default=2,
                         help="receiver processes sharing the port (default 2: one per core here)")
@@ -173,7 +173,7 @@ async def main() -> None:
     parser.add_argument("--results", default=None, help="append the figures as JSON lines (for make bench)")
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.seconds = min(args.rounds, 2), min(args.seconds, 5)
+        args.rounds, args.seconds = min(args.rounds, 2), min(args.seconds, 10)
     wrk = None if args.python_load else shutil.which("wrk")
     if wrk:
         print(f"load generator: wrk ({wrk}), {args.connections} connections", file=sys.stderr)
@@ -195,8 +195,8 @@ async def main() -> None:
         receiver_args = ["receiver", "--host", "127.0.0.1", "--port", str(port), "--processes",
                          str(args.processes), *args.receiver_args.split()]
         proc = start_service(receiver_args, url, port)
-        # Enough distinct events for the fastest phase we expect, plus the warm-up.
-        per_round = int(20_000 * args.seconds)
+        # Distinct events for 12,000/s per phase (above that, wrk would repeat them as duplicates).
+        per_round = int(12_000 * args.seconds)
         requests = build_requests(2000 + per_round * args.rounds, port)
         loads: list[Load] = []
         ceilings: list[float] = []
