@@ -5,6 +5,7 @@ and entity states; it releases the name (or is proven deleted) and team B's reso
 Nothing of A's reaches B: B's statistics, replay, workers and tenant role see none of it, and a
 partner of B's that reuses one of A's event ids is stored as new. A's rows still exist, unchanged,
 under the archival name ``stripe@<A's uid>``, which no provider can have (a name is a DNS label).
+Events stored under the name after A released it (a receiver not yet reloaded) join A's archive.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from hookline.core.queue import INBOX
 from hookline_operator import tenancy
 from hookline_operator.ownership import Resource
 from hookline_operator.reconcile import claim_row, release_row
+from hookline_operator.tokens import replay_owned_dead
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -70,8 +72,8 @@ async def assert_b_sees_nothing_of_a(pool: asyncpg.Pool, team_b: Resource) -> No
     assert await pool.fetchval("SELECT count(*) FROM hookline.entity_states WHERE provider = 'stripe'") == 0
     stats = {r["provider"]: r for r in await pool.fetch(db.query("provider_stats"))}
     assert "stripe" not in stats  # B's status: no backlog, nothing dead
-    replay = await pool.fetchrow(db.query("replay_owned_dead"), "stripe", team_b.uid)
-    assert (replay["owned"], replay["requeued"]) == (True, 0)
+    async with pool.acquire() as conn:
+        assert await replay_owned_dead(conn, "stripe", team_b.uid) == (True, 0)
     assert await INBOX.claim(pool, "stripe", 10, "worker-b", 30.0) == []  # B's workers get none of A's
 
 
@@ -92,6 +94,18 @@ async def test_a_release_archives_the_owners_events_and_the_next_owner_starts_em
     await assert_tenant_of_b_reads_none_of_a(pool, database_url, team_b)
 
 
+async def test_events_stored_while_the_name_was_free_are_not_the_next_owners(pool: asyncpg.Pool) -> None:
+    team_a = await owner_a_with_history(pool)
+    assert await release_row(pool, team_a)
+    # A receiver that has not yet reloaded its providers still accepts A's partner's event.
+    assert await receive(pool, "stripe", ["evt_late"]) == {"evt_late"}
+    team_b = resource("team-b")
+    assert (await claim_row(pool, team_b, SPEC, [])).owned
+    await assert_b_sees_nothing_of_a(pool, team_b)
+    archived = await inbox_of(pool, ARCHIVED.format(uid=team_a.uid))
+    assert archived == {"evt_late": "pending", **{f"evt_{s}": s for s in STATES}}
+
+
 async def test_a_takeover_from_an_owner_proven_gone_archives_its_events(pool: asyncpg.Pool) -> None:
     team_a = await owner_a_with_history(pool)
     team_b = resource("team-b")
@@ -104,10 +118,13 @@ async def test_the_owner_resyncing_keeps_its_events_and_the_cli_moves_none(pool:
     team_a = await owner_a_with_history(pool)
     assert (await claim_row(pool, team_a, {**SPEC, "destination": {"url": "http://y.invalid/"}}, [])).owned
     assert await inbox_of(pool, "stripe") == {f"evt_{s}": s for s in STATES}
-    # A name the CLI owns is deleted and applied again by the same administrator: its events stay.
+    # A name the CLI owns is deleted (to be applied again by the same administrator): its events stay...
     await pool.execute("INSERT INTO hookline.providers (name, spec) VALUES ('cli-made', '{}')")
     await receive(pool, "cli-made", ["evt_1"])
     assert await pool.fetchval(db.query("delete_provider"), "cli-made")
+    assert await inbox_of(pool, "cli-made") == {"evt_1": "pending"}
+    # ...or hands the name to a resource (README): its events go with it, as before.
+    assert (await claim_row(pool, Resource("team-a", "cli-made", str(uuid.uuid4()), 1), SPEC, [])).owned
     assert await inbox_of(pool, "cli-made") == {"evt_1": "pending"}
 
 

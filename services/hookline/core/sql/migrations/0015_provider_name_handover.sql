@@ -22,6 +22,10 @@
 -- One point covers every path: a trigger on hookline.providers, in the statement that
 -- releases or takes over the name. Rows the CLI wrote (no owner_uid) and the adoption
 -- of a row from before migration 0005 (proven the same resource) move nothing.
+-- Events a receiver stored under a released name before it reloaded its providers are
+-- the releasing owner's too: the release is remembered (hookline.released_provider_names)
+-- and whoever next writes a row of that name (a resource or the CLI) first moves them to
+-- that owner's archive. A name the CLI deleted is handed over with its events, as before.
 
 -- The archival name of a previous owner's rows.
 CREATE FUNCTION hookline.archived_provider_name(provider_name text, owner_uid text) RETURNS text
@@ -72,6 +76,38 @@ BEGIN
     RETURN NULL;
 END $$;
 
+-- The last operator owner of each name that has no row now.
+CREATE TABLE hookline.released_provider_names (
+    name         text PRIMARY KEY,
+    owner_uid    text NOT NULL,
+    released_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE FUNCTION hookline.remember_released_name() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO hookline.released_provider_names (name, owner_uid) VALUES (OLD.name, OLD.owner_uid)
+    ON CONFLICT (name) DO UPDATE SET owner_uid = EXCLUDED.owner_uid, released_at = now();
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION hookline.archive_late_events() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    released_by text;
+BEGIN
+    DELETE FROM hookline.released_provider_names WHERE name = NEW.name RETURNING owner_uid INTO released_by;
+    IF released_by IS NOT NULL THEN
+        PERFORM hookline.archive_provider_events(NEW.name, released_by);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER providers_name_reused AFTER INSERT ON hookline.providers
+    FOR EACH ROW EXECUTE FUNCTION hookline.archive_late_events();
+CREATE TRIGGER providers_release_remembered AFTER DELETE ON hookline.providers
+    FOR EACH ROW WHEN (OLD.owner_uid IS NOT NULL)
+    EXECUTE FUNCTION hookline.remember_released_name();
 CREATE TRIGGER providers_owner_released AFTER DELETE ON hookline.providers
     FOR EACH ROW WHEN (OLD.owner_uid IS NOT NULL)
     EXECUTE FUNCTION hookline.archive_previous_owner();
