@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from hookline.core import db
+from hookline.core.queue import INBOX
 from hookline.core.signatures import get_scheme
 from hookline_operator import resources
 from hookline_operator.conditions import now_iso
@@ -56,11 +57,23 @@ async def handle_token(pool: asyncpg.Pool, res: Resource, kind: str, token: str,
         return dict(await conn.fetchval(db.query("get_operator_token_result"), *key)), False
 
 
+async def replay_owned_dead(conn: asyncpg.Connection, name: str, owner_uid: str) -> tuple[bool, int]:
+    """Requeue provider ``name``'s dead events through the one replay path (``Queue.replay_dead``,
+    which wakes its workers), only while ``owner_uid`` owns the name: the provider row is locked
+    FOR SHARE first, in the same transaction, so a concurrent release cannot slip in between.
+    Returns (owned, requeued)."""
+    async with conn.transaction():
+        if not await conn.fetchval(db.query("lock_owned_provider"), name, owner_uid):
+            return False, 0
+        requeued = await INBOX.replay_dead(conn, partition=name)
+        return True, requeued.get(name, 0)
+
+
 async def replay(pool: asyncpg.Pool, res: Resource, token: str) -> tuple[dict[str, Any], bool]:
-    """Requeue the provider's dead events, only while this resource owns the name (checked in SQL)."""
+    """Requeue the provider's dead events, only while this resource owns the name."""
     async def requeue(conn: asyncpg.Connection) -> dict[str, Any]:
-        row = await conn.fetchrow(db.query("replay_owned_dead"), res.name, res.uid)
-        return {"owned": bool(row["owned"]), "requeued": int(row["requeued"]), "at": now_iso()}
+        owned, requeued = await replay_owned_dead(conn, res.name, res.uid)
+        return {"owned": owned, "requeued": requeued, "at": now_iso()}
 
     return await handle_token(pool, res, "replay-dlq", token, requeue)
 

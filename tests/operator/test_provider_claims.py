@@ -16,6 +16,7 @@ from hookline.core.providers import ProviderOwned
 from hookline.core.signatures import get_scheme
 from hookline_operator.ownership import CLI_OWNER, LEGACY_OWNER, ClaimState, Resource
 from hookline_operator.reconcile import claim_and_sync, claim_row, describe_secret, release_row
+from hookline_operator.tokens import replay_owned_dead
 from support.inbox import insert_events
 from support.processes import hookline_cli
 
@@ -134,11 +135,11 @@ async def test_replay_requeues_only_for_the_owner(pool) -> None:
     await claim_row(pool, TEAM_A, spec("http://a/"), secrets("whsec_a"))
     await insert_events(pool, "stripe", 3)
     await pool.execute("UPDATE hookline.inbox SET status = 'dead'")
-    refused = await pool.fetchrow(db.query("replay_owned_dead"), "stripe", "uid-b")
-    assert (refused["owned"], refused["requeued"]) == (False, 0)
+    async with pool.acquire() as conn:
+        assert await replay_owned_dead(conn, "stripe", "uid-b") == (False, 0)
     assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'dead'") == 3
-    done = await pool.fetchrow(db.query("replay_owned_dead"), "stripe", "uid-a")
-    assert (done["owned"], done["requeued"]) == (True, 3)
+    async with pool.acquire() as conn:
+        assert await replay_owned_dead(conn, "stripe", "uid-a") == (True, 3)
 
 
 async def test_the_owner_check_holds_in_the_schema_itself(pool) -> None:

@@ -94,21 +94,11 @@ WHERE provider = $1 AND resource_uid = $2 AND kind = $3 AND token = $4;
 SELECT result FROM hookline.operator_tokens
 WHERE provider = $1 AND resource_uid = $2 AND kind = $3 AND token = $4;
 
--- name: replay_owned_dead
--- The replay-dlq annotation: requeue the provider's dead events, only while the
--- resource ($2, its uid) owns the name; the row lock keeps a concurrent release
--- from slipping in between. Attempts restart so the retry policy applies afresh;
--- pg_notify wakes workers (Postgres sends one per provider and transaction).
-WITH owner AS (
-    SELECT name FROM hookline.providers WHERE name = $1 AND owner_uid = $2 FOR SHARE
-), requeued AS (
-    UPDATE hookline.inbox
-    SET status = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL, processed_at = NULL,
-        deferred_since = NULL
-    WHERE status = 'dead' AND provider = (SELECT name FROM owner)
-    RETURNING pg_notify('hookline_inbox', provider)
-)
-SELECT (SELECT count(*) FROM owner) > 0 AS owned, (SELECT count(*) FROM requeued) AS requeued;
+-- name: lock_owned_provider
+-- The replay-dlq annotation's ownership check: true while the resource ($2, its uid)
+-- owns the name, and the row stays locked FOR SHARE until the transaction ends, so a
+-- concurrent release cannot slip in before Queue.replay_dead requeues the events.
+SELECT true FROM hookline.providers WHERE name = $1 AND owner_uid = $2 FOR SHARE;
 
 -- name: provider_stats
 -- Every provider's queue signals in ONE statement per operator tick, not one per
