@@ -1,11 +1,13 @@
 """kopf handlers for WebhookProvider: thin decorators over plain functions tests can call.
 
-- startup/cleanup: the operator-level memo (pool, Kubernetes client, the statistics loop
-  that runs one query per tick for every provider, the /healthz /readyz /metrics server);
+- startup/cleanup: the operator-level memo (pool, Kubernetes client, the maintainer whose
+  statistics job runs one query per tick for every provider, the /healthz /readyz /metrics server);
 - reconcile (create/update/resume) and the ``sync`` timer: ``reconcile.converge`` and the
   whole ``status.conditions`` list computed from what was observed;
 - ``scale`` timer: worker replicas from the cached statistics (``scaling``);
-- ``sweep_leases`` timer: expired leases of this provider back to pending;
+- the operator's ``Maintainer`` (scope ``inbox``, core/maintenance.py): the statistics job in
+  every operator, and the lease rescuer on the one leader among operators and ``worker --sweep``
+  processes; ``sync`` announces what it swept on the owning resource;
 - ``annotation_tokens`` timer: replay-dlq and rotate-secret requests;
 - delete: releases the provider name, only if this resource owns it.
 
@@ -27,13 +29,14 @@ from urllib.parse import urlsplit
 import kopf
 
 from hookline.core import db, http, pools
-from hookline.core.maintenance import sweep_once
-from hookline.core.queue import RetryPolicy
+from hookline.core.dedicated import DedicatedConnection
+from hookline.core.maintenance import Job, Maintainer, lease_rescuer
+from hookline.core.queue import RetryPolicy, SweepResult
 from hookline_operator import budget, resources, stats, tenancy, tokens
 from hookline_operator import status as report
 from hookline_operator.conditions import now_iso, set_condition
 from hookline_operator.kube import GROUP, PLURAL, VERSION, Kube
-from hookline_operator.memo import OperatorMemo, ScalingOutcome, resource_state
+from hookline_operator.memo import LeasesSwept, OperatorMemo, OwnedProvider, ScalingOutcome, resource_state
 from hookline_operator.ownership import ClaimState, Resource
 from hookline_operator.podtemplate import TemplateError, configured_template
 from hookline_operator.reconcile import announce, converge, observe_secret, release_row
@@ -90,7 +93,10 @@ async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any)
     # Lean: no RESET ALL / UNLISTEN * / CLOSE ALL / advisory unlock per release (four statements per
     # acquire, per resource and tick); nothing here leaves session state behind.
     memo.pool = await db.create_pool(min_size=1, max_size=pools.OPERATOR, lean=True)
-    memo.tasks.append(asyncio.create_task(stats.run(memo.pool, memo.stats, memo.interval), name="inbox-stats"))
+    # Its own connection (HOOKLINE_DATABASE_URL), not one of the pool's few: the leader holds it for good.
+    memo.maintainer = Maintainer("inbox", [stats.refresher(memo.pool, memo.stats, memo.interval), lease_sweeper(memo)],
+                                 DedicatedConnection())
+    await memo.maintainer.start()
     if memo.http_url:
         url = urlsplit(memo.http_url)
         memo.http = await http.serve(http.ops_app(memo.pool), url.hostname or "0.0.0.0", url.port or 8080)
@@ -98,6 +104,8 @@ async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any)
 
 @kopf.on.cleanup()
 async def cleanup(memo: OperatorMemo, **_: Any) -> None:
+    if memo.maintainer is not None:
+        await memo.maintainer.stop()  # ends its session, and the leadership with it
     for task in memo.tasks:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -129,6 +137,7 @@ async def sync_status(body: kopf.Body, spec: dict[str, Any], status_now: dict[st
         return
     if observation.sync.claim is not None and observation.sync.claim.state is not ClaimState.RETRY:
         state.claim = observation.sync.claim  # a claim to retry decides nothing: keep the last answer
+        note_ownership(memo, res, spec, state.claim.owned)
     if observation.sync.verified is not None or not observation.sync.synced or not observation.workers.ok:
         state.last_sync = observation.sync.verified
     after = report.compose(before, observation, state.scaling, res.generation)
@@ -177,11 +186,13 @@ async def sync(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: Oper
     # Level-based: rotated or expired secrets, a row removed by hand, a name freed by its owner's
     # deletion, a changed pod template all converge here.
     await sync_status(body, dict(spec), dict(status), memo, patch)
+    announce_swept(body, memo)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 async def delete(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
     res = resource_of(body)
+    note_ownership(memo, res, {}, owned=False)
     # Its workers' role and its share of the connection budget go with it (its Secrets and
     # Deployment are garbage-collected through their owner references).
     await tenancy.remove_worker_credentials(memo.db, res.uid)
@@ -297,23 +308,47 @@ def retry_policy(spec: dict[str, Any]) -> RetryPolicy:
                        float(retry.get("maxDelaySeconds", default.max_delay)))
 
 
-async def sweep_provider_leases(body: kopf.Body, spec: dict[str, Any], memo: OperatorMemo) -> None:
-    """Expired leases back to pending, the attempt counted; only when the cached statistics saw
-    some, so an idle provider costs no query."""
+def note_ownership(memo: OperatorMemo, res: Resource, spec: dict[str, Any], owned: bool) -> None:
+    """Keep ``memo.owned`` (the rescuer's retry policies) in step with this resource's claim; a
+    resource that does not own the name never removes the owner's entry."""
+    if owned:
+        memo.owned[res.name] = OwnedProvider(res.uid, retry_policy(spec))
+    elif (entry := memo.owned.get(res.name)) is not None and entry.uid == res.uid:
+        del memo.owned[res.name]
+        memo.swept.pop(res.name, None)
+
+
+def lease_sweeper(memo: OperatorMemo) -> Job:
+    """The inbox's lease rescuer, the same job ``worker --sweep`` runs, on the elected leader only.
+    Skipped while fresh statistics see no expired lease, so an idle inbox costs no query beyond the
+    one statistics query per tick. Providers of no resource here get the default retry policy."""
+    rescuer = lease_rescuer(memo.db, lambda: {name: p.retry for name, p in memo.owned.items()},
+                            interval=memo.interval, swept=lambda result: note_swept(memo, result))
+
+    async def rescue_when_expired() -> None:
+        snapshot = memo.stats.fresh(memo.interval)
+        if snapshot is not None and not any(p.expired_leases for p in snapshot.providers.values()):
+            return
+        await rescuer.run()
+
+    return Job(rescuer.name, rescue_when_expired, rescuer.interval)
+
+
+def note_swept(memo: OperatorMemo, result: SweepResult) -> None:
+    """Remember what was swept for this operator's own providers, for their resources' Events."""
+    for name in (set(result.requeued) | set(result.dead)) & set(memo.owned):
+        swept = memo.swept.setdefault(name, LeasesSwept())
+        swept.requeued += result.requeued.get(name, 0)
+        swept.dead += result.dead.get(name, 0)
+
+
+def announce_swept(body: kopf.Body, memo: OperatorMemo) -> None:
+    """The LeasesRequeued Event on the resource owning the provider, once per sweep that found some."""
     res = resource_of(body)
-    claim = resource_state(memo).claim
-    snapshot = memo.stats.fresh(memo.interval)
-    if claim is None or not claim.owned or snapshot is None or not snapshot.of(res.name).expired_leases:
+    owner = memo.owned.get(res.name)
+    if owner is None or owner.uid != res.uid or (swept := memo.swept.pop(res.name, None)) is None:
         return
-    swept = await sweep_once(memo.db, {res.name: retry_policy(spec)}, partition=res.name)
-    if swept.total:
-        announce(body, "LeasesRequeued", f"returned {swept.requeued.get(res.name, 0)} expired lease(s) to pending, "
-                                         f"{swept.dead.get(res.name, 0)} to dead")
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, initial_delay=min(INTERVAL, 1.0), when=_not_deleting)
-async def sweep_leases(body: kopf.Body, spec: kopf.Spec, memo: OperatorMemo, **_: Any) -> None:
-    await sweep_provider_leases(body, dict(spec), memo)
+    announce(body, "LeasesRequeued", f"returned {swept.requeued} expired lease(s) to pending, {swept.dead} to dead")
 
 
 # --- annotation tokens ---------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import asyncpg
 from aiohttp import web
 
+from hookline.core.maintenance import Maintainer
+from hookline.core.queue import RetryPolicy
 from hookline_operator.ownership import Claim
 from hookline_operator.reconcile import LastSync
 from hookline_operator.scaling import Stabilizer
@@ -44,6 +46,22 @@ class ResourceState:
     budget_note: str = ""  # "wanted->allowed" of the last ConnectionBudget Warning, so each is announced once
 
 
+@dataclass(frozen=True)
+class OwnedProvider:
+    """A provider name a resource of this operator owns, with its retry policy for the lease rescuer."""
+
+    uid: str
+    retry: RetryPolicy
+
+
+@dataclass
+class LeasesSwept:
+    """Expired leases the maintainer returned for one provider, not announced on its resource yet."""
+
+    requeued: int = 0
+    dead: int = 0
+
+
 @dataclass
 class OperatorMemo:
     interval: float = 10.0
@@ -52,6 +70,11 @@ class OperatorMemo:
     kube: Kube | None = None
     stats: StatsCache = field(default_factory=StatsCache)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    maintainer: Maintainer | None = None  # the inbox lease rescuer (leader only) and the statistics
+    # Shared by every resource's copy (mutated in place, never reassigned): the retry policy of each
+    # provider this operator owns, for the rescuer, and what it swept, for each resource's Event.
+    owned: dict[str, OwnedProvider] = field(default_factory=dict)
+    swept: dict[str, LeasesSwept] = field(default_factory=dict)
     http: web.AppRunner | None = None
     resource: ResourceState | None = None  # per resource: see resource_state()
 

@@ -1,14 +1,13 @@
 """Queue statistics: one query per tick for every provider, read from a cache by every resource.
 
 Cost grows with the number of unfinished events, never with the number of providers:
-an operator-level loop runs ``provider_stats`` once per interval and keeps the result;
+an operator-level maintenance job (``refresher``) runs ``provider_stats`` once per interval and keeps the result;
 each resource's timers read it from the memo. A snapshot older than a few intervals
 (Postgres unreachable) is not used: the operator never acts on what it cannot see.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ import asyncpg
 
 from hookline.core import inbox_stats, metrics
 from hookline.core.inbox_stats import NO_EVENTS, ProviderStats, provider_stats
+from hookline.core.maintenance import Job
 
 log = logging.getLogger("hookline.operator")
 
@@ -67,14 +67,14 @@ async def refresh(pool: asyncpg.Pool, cache: StatsCache) -> None:
     log.debug("inbox statistics refreshed", extra={"providers": len(providers)})
 
 
-async def run(pool: asyncpg.Pool, cache: StatsCache, interval: float) -> None:
-    """The operator-level loop: one statistics query per interval, whatever the number of providers."""
-    while True:
-        try:
-            await refresh(pool, cache)
-        except Exception:  # never let one surprise end the loop: the snapshot would go stale for good
-            log.exception("inbox statistics refresh failed")
-        await asyncio.sleep(interval)
+def refresher(pool: asyncpg.Pool, cache: StatsCache, interval: float) -> Job:
+    """The operator's statistics as a maintenance job run in every operator process (each shows
+    its own resources' numbers): one query per interval, whatever the number of providers."""
+
+    async def refresh_cache() -> None:
+        await refresh(pool, cache)
+
+    return Job("operator-stats", refresh_cache, interval, per_process=True)
 
 
 def publish_metrics(providers: dict[str, ProviderStats], published: set[str]) -> None:

@@ -19,9 +19,11 @@ from apiserver import ApiServer
 from hookline.core import migrations
 from hookline.core.embedded import EmbeddedPostgres, free_port
 from support import senders
+from support.cluster import metric
+from support.endpoints import wait_for
 from support.inbox import insert_events
 from support.kube import eventually, kget
-from support.processes import ServiceProcess, receiver
+from support.processes import ServiceProcess, receiver, worker
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -299,3 +301,42 @@ spec:
                      and condition(o, "Synced").get("reason") == "InvalidSpec" and o)
     assert condition(whp, "Ready")["status"] == "False"
     assert "not-base64" not in json.dumps(whp)
+
+
+# The inbox scope's maintenance leader (core/maintenance.py, try_maintenance_lock): who holds the lock.
+INBOX_LEADERS = ("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 "
+                 "AND classid = (hashtext('hookline.maintenance')::bigint & 4294967295)::oid "
+                 "AND objid = (hashtext('inbox')::bigint & 4294967295)::oid")
+
+
+async def _inbox_leaders(pool: asyncpg.Pool) -> list[int]:
+    return [r["pid"] for r in await pool.fetch(INBOX_LEADERS)]
+
+
+async def _one_leader_not(pool: asyncpg.Pool, gone: set[int]) -> int | None:
+    """The single inbox leader's backend pid once it is not one of ``gone``'s sessions."""
+    leaders = await _inbox_leaders(pool)
+    assert len(leaders) <= 1, leaders  # never two sweepers at once
+    return leaders[0] if leaders and leaders[0] not in gone else None
+
+
+async def test_an_operator_and_a_sweeping_worker_elect_one_lease_rescuer(apiserver, namespace, database_url,
+                                                                          log_dir, pool) -> None:
+    sweeper = worker(database_url, log_dir, "--sweep")
+    operator: ServiceProcess | None = None
+    try:
+        worker_leader = await wait_for(lambda: _one_leader_not(pool, set()), timeout=60)
+        operator = start_operator(apiserver, namespace, database_url, log_dir)
+        # The operator's maintainer runs (its statistics job) but the worker stays the only leader.
+        op = operator
+        await wait_for(lambda: metric(op.url, "hookline_operator_stats_queries_total") >= 2, timeout=60)
+        assert await _inbox_leaders(pool) == [worker_leader]
+        sweeper.stop()  # the operator, the only other candidate, takes over
+        operator_leader = await wait_for(lambda: _one_leader_not(pool, {worker_leader}), timeout=60)
+        sweeper = worker(database_url, log_dir, "--sweep")
+        operator.stop()  # and the new worker takes over from it
+        await wait_for(lambda: _one_leader_not(pool, {worker_leader, operator_leader}), timeout=60)
+    finally:
+        sweeper.stop()
+        if operator is not None:
+            operator.stop()

@@ -9,7 +9,8 @@ that dies or loses its connection frees it at once, and a process that is not th
 asks again every ``election_interval``. Jobs flagged ``per_process`` (this process's own
 gauges) run everywhere.
 
-``sweep_once`` is the rescuer's one pass (the operator's per-provider timer calls it too).
+``sweep_once`` is the rescuer's one pass. The operator runs the same rescuer in its own ``inbox``
+maintainer (operator/hookline_operator/handlers.py), so operators and ``worker --sweep`` elect one.
 Its backoff is the partition's ``RetryPolicy`` (``core/queue.py``), the same as a failed attempt.
 """
 
@@ -139,7 +140,7 @@ async def sweep_once(pool: asyncpg.Pool | asyncpg.Connection, policies: dict[str
 
     Every row taken back becomes a suspect, to be run alone (``core/consumer.py``): the
     sweeper cannot tell which of the rows a dead consumer held was the one that killed it.
-    ``partition`` limits the sweep to one provider (the operator runs one timer per provider).
+    ``partition`` limits the sweep to one provider.
     """
     total = SweepResult({}, {})
     while True:
