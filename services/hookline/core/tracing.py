@@ -5,7 +5,8 @@ that span's traceparent with the event; the worker's handler span continues it, 
 events published inside the handler store the handler span's traceparent; the relay's delivery
 span continues that one and sends its own ``traceparent`` to the endpoint. Exporters are chosen
 by the standard ``OTEL_*`` variables (``OTEL_TRACES_EXPORTER``: otlp, console or none, ``OTEL_SERVICE_NAME``,
-``OTEL_EXPORTER_OTLP_*``, ``OTEL_BSP_*``); ``OTEL_SDK_DISABLED=true`` turns tracing off.
+``OTEL_EXPORTER_OTLP_*``, ``OTEL_BSP_*``); ``OTEL_SDK_DISABLED=true``, ``OTEL_TRACES_EXPORTER=none``
+or no installed exporter turns tracing off.
 
 Without the extra (opentelemetry-api and -sdk) nothing here runs: ``span`` yields None and no
 traceparent is stored or sent.
@@ -22,12 +23,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-try:
+try:  # the API only; the SDK is imported by setup() when a process traces
     from opentelemetry import context as otel_context
     from opentelemetry import trace
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # the extra is not installed: tracing stays off
     trace = None  # type: ignore[assignment]
@@ -48,25 +46,33 @@ def enabled() -> bool:
 
 def setup(component: str) -> bool:
     """Start tracing in this process (``component``: receiver, worker, relay, dev) when the extra
-    is installed and OTEL_SDK_DISABLED is not true. Returns whether tracing is on."""
+    is installed, OTEL_SDK_DISABLED is not true and an exporter is available (spans nobody
+    receives are not worth their cost). Returns whether tracing is on."""
     global _tracer
     if trace is None or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
+    exporters = _exporters()
+    if not exporters:
+        return False
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or f"hookline-{component}"})
     provider = TracerProvider(resource=resource)
-    for exporter in _exporters():
+    for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("hookline")
     return True
 
 
-def _exporters() -> list[SpanExporter]:
+def _exporters() -> list[Any]:
     """The exporters OTEL_TRACES_EXPORTER names (default otlp), found through the entry points
     the exporter packages register; a name whose package is missing is logged and skipped."""
     names = [n.strip() for n in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",") if n.strip()]
     found = {ep.name: ep for ep in entry_points(group="opentelemetry_traces_exporter")}
-    exporters: list[SpanExporter] = []
+    exporters: list[Any] = []
     for name in names:
         if name == "none":
             continue
