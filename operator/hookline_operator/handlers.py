@@ -92,8 +92,8 @@ async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any)
     memo.kube = Kube()
     # Lean: no RESET ALL / UNLISTEN * / CLOSE ALL / advisory unlock per release (four statements per
     # acquire, per resource and tick); nothing here leaves session state behind.
-    memo.pool = await db.create_pool(min_size=1, max_size=pools.OPERATOR, lean=True)
-    # Its own connection (HOOKLINE_DATABASE_URL), not one of the pool's few: the leader holds it for good.
+    memo.pool = await db.create_pool(min_size=1, max_size=pools.OPERATOR - pools.LEADER_LOCK, lean=True)
+    # Its own connection (HOOKLINE_DATABASE_URL), counted in pools.OPERATOR but not taken from the pool.
     memo.maintainer = Maintainer("inbox", [stats.refresher(memo.pool, memo.stats, memo.interval), lease_sweeper(memo)],
                                  DedicatedConnection())
     await memo.maintainer.start()

@@ -13,7 +13,7 @@ RECEIVER_EXTRA = 2
 RELAY_CAP, RELAY_EXTRA = 16, 4
 # Beyond the worker's concurrency: completer and heartbeat, stats and the registry, LISTEN and the leader lock.
 WORKER_EXTRA = 4
-OPERATOR = 5
+OPERATOR = 5  # its pool and, outside it, the maintenance leader's lock
 
 
 def receiver(db_connections: int) -> int:
