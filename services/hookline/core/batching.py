@@ -75,7 +75,10 @@ class Batcher(Generic[T, R]):
         self._max_queued = max_queued
         self._isolate = isolate
         self._queue: deque[_Waiter[T, R]] = deque()
-        self._ready = asyncio.Event()
+        # Writers waiting for work, each on its own future: a submit wakes one of them, not
+        # all (with one writer per concurrency slot, waking every writer per item cost more
+        # CPU than the batching saved).
+        self._waiting_writers: deque[asyncio.Future[None]] = deque()
         self._unfinished = 0  # queued or being written
         self._idle = asyncio.Event()
         self._idle.set()
@@ -109,7 +112,7 @@ class Batcher(Generic[T, R]):
         waiter: _Waiter[T, R] = _Waiter(item, asyncio.get_running_loop().create_future())
         self._queue.append(waiter)
         self._started(1)
-        self._ready.set()
+        self._wake_one_writer()
         try:
             return await waiter.future
         except asyncio.CancelledError:
@@ -129,6 +132,13 @@ class Batcher(Generic[T, R]):
         if self._unfinished == 0:
             self._idle.set()
 
+    def _wake_one_writer(self) -> None:
+        while self._waiting_writers:
+            writer = self._waiting_writers.popleft()
+            if not writer.done():  # a writer cancelled at stop leaves a done future behind
+                writer.set_result(None)
+                return
+
     def _take_ready(self, batch: list[_Waiter[T, R]]) -> None:
         most = self._max_batch if self._limit is None else max(1, min(self._max_batch, self._limit(len(self._queue))))
         while len(batch) < most and self._queue:
@@ -136,8 +146,9 @@ class Batcher(Generic[T, R]):
 
     async def _next_batch(self) -> list[_Waiter[T, R]]:
         while not self._queue:
-            self._ready.clear()
-            await self._ready.wait()
+            wakeup: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting_writers.append(wakeup)
+            await wakeup
         batch: list[_Waiter[T, R]] = []
         self._take_ready(batch)
         if (len(batch) < self._max_batch and self._window > 0
