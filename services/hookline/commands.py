@@ -117,7 +117,7 @@ async def receiver(args: argparse.Namespace) -> int:
 
 async def worker(args: argparse.Namespace) -> int:
     from hookline.core.http import ops_app, serve
-    from hookline.core.maintenance import inbox_maintainer
+    from hookline.core.maintenance import Maintainer, inbox_maintainer, partitions_maintainer
     from hookline.core.providers import ProviderRegistry
     from hookline.worker.service import Worker
 
@@ -125,7 +125,9 @@ async def worker(args: argparse.Namespace) -> int:
         return _fail("--concurrency must be at least 1")
     # Connections open as load asks for them (an idle worker holds a few), up to the size the operator's
     # connection budget counts per worker pod: the pool, the shared LISTEN and the maintenance leader's lock.
-    pool = await db.create_pool(min_size=2, max_size=pools.worker(args.concurrency) - pools.LISTEN - pools.LEADER_LOCK,
+    # A sweeping worker also takes part in the partition manager's election (one more lock connection).
+    lock_connections = pools.LEADER_LOCK * (2 if args.sweep else 1)
+    pool = await db.create_pool(min_size=2, max_size=pools.worker(args.concurrency) - pools.LISTEN - lock_connections,
                                 lean=True)
     listener = Listener(DedicatedConnection())
     await listener.start()
@@ -138,16 +140,20 @@ async def worker(args: argparse.Namespace) -> int:
     service = Worker(pool, registry, providers=args.providers, concurrency=args.concurrency,
                      poll_interval=args.poll_interval, grace_period=args.grace_period, listener=listener,
                      batch_seconds=args.batch_seconds)
-    maintainer = inbox_maintainer(pool, registry, DedicatedConnection(), sweep=args.sweep)
+    maintainers: list[Maintainer] = [inbox_maintainer(pool, registry, DedicatedConnection(), sweep=args.sweep)]
+    if args.sweep:
+        maintainers.append(partitions_maintainer(pool, DedicatedConnection()))
     runner = await serve(ops_app(pool), args.host, args.port)
 
     async def start() -> None:
         await service.start()
-        await maintainer.start()
+        for maintainer in maintainers:
+            await maintainer.start()
 
     async def stop() -> None:
         await service.stop()
-        await maintainer.stop()
+        for maintainer in maintainers:
+            await maintainer.stop()
         await runner.cleanup()
         await registry.stop()
         await listener.stop()

@@ -2,7 +2,7 @@
 
 River's shape: each housekeeping task is a small named job (the lease rescuer, the stats
 refresher, the inbox's partition manager, the relay's outbox cleaner), and the jobs that act on the shared database run
-only on the elected leader of their *scope* (``inbox``, ``outbox``), so N workers or relays
+only on the elected leader of their *scope* (``inbox``, ``outbox``, ``partitions``), so N workers or relays
 do the work once, not N times. Leadership is a session-level ``pg_try_advisory_lock`` on a
 dedicated connection (``core/dedicated.py``): held while that connection lives, so a leader
 that dies or loses its connection frees it at once, and a process that is not the leader
@@ -198,11 +198,19 @@ def partition_manager(pool: asyncpg.Pool, retention: partitions.Retention,
 
 
 def inbox_maintainer(pool: asyncpg.Pool, registry: ProviderRegistry, connection: DedicatedConnection, *,
-                     sweep: bool, retention: partitions.Retention | None = None) -> Maintainer:
-    """A worker's housekeeping: its gauges, and (``sweep``) the inbox's lease rescuer and partition
-    manager on the leader."""
+                     sweep: bool) -> Maintainer:
+    """A worker's housekeeping: its gauges, and (``sweep``) the inbox's lease rescuer on the leader."""
     jobs = [inbox_stats_refresher(pool, registry)]
     if sweep:
         jobs.append(lease_rescuer(pool, lambda: {n: p.retry for n, p in registry.all().items()}))
-        jobs.append(partition_manager(pool, retention or partitions.Retention.from_env()))
     return Maintainer("inbox", jobs, connection)
+
+
+def partitions_maintainer(pool: asyncpg.Pool, connection: DedicatedConnection,
+                          retention: partitions.Retention | None = None) -> Maintainer:
+    """The inbox's partition manager, elected in a scope of its own: the processes that may rescue
+    leases (``worker --sweep``, the operator) and those that may manage partitions (``worker
+    --sweep``, relays) differ, and one scope for both let a relay win the lock and leave leases
+    unrescued."""
+    return Maintainer("partitions", [partition_manager(pool, retention or partitions.Retention.from_env())],
+                      connection)

@@ -32,13 +32,13 @@ import asyncpg
 from aiohttp import web
 
 from hookline import outbox
-from hookline.core import delivery, http, metrics, partitions, tracing
+from hookline.core import delivery, http, metrics, tracing
 from hookline.core.batching import Batcher
 from hookline.core.consumer import LeasedConsumer, write_completion
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.delivery import DeliveryResult, Outcome
 from hookline.core.listener import Listener
-from hookline.core.maintenance import Job, Maintainer, lease_rescuer, partition_manager
+from hookline.core.maintenance import Job, Maintainer, lease_rescuer, partitions_maintainer
 from hookline.core.providers import active_secrets
 from hookline.core.queue import OUTBOX, SweepResult, make_worker_id, truncate_error
 from hookline.core.signatures import sign_standard_webhooks
@@ -129,9 +129,8 @@ class Relay(LeasedConsumer):
         ], leader_connection or DedicatedConnection(pool))
         # The inbox's partition manager (core/partitions.py) runs here too: relays hold the full
         # credential in every install (the chart's worker pods log in as tenants), and the "inbox"
-        # scope's lock lets one process of the whole install do it, relay or `worker --sweep`.
-        self.inbox_maintainer = Maintainer(
-            "inbox", [partition_manager(pool, partitions.Retention.from_env())], DedicatedConnection(pool))
+        # "partitions" scope's lock lets one process of the whole install do it, relay or `worker --sweep`.
+        self.inbox_maintainer = partitions_maintainer(pool, DedicatedConnection(pool))
         self.completer = Completer(pool, self.worker_id)
         self.outcomes = OutcomeRecorder(pool, self.breaker_settings, self._circuits_changed)
         self.session = delivery.create_session(allow_private_networks=allow_private_networks,
