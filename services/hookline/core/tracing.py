@@ -77,8 +77,11 @@ def _exporters() -> list[Any]:
         if name == "none":
             continue
         if name not in found:
-            log.warning("OTEL_TRACES_EXPORTER names an exporter that is not installed; spans are not exported "
-                        "there (for otlp: pip install opentelemetry-exporter-otlp)", extra={"exporter": name})
+            # A warning only when someone asked for this exporter: `make run` installs the otel extra
+            # for everyone, and the unconfigured default (otlp) without its package just means no tracing.
+            report = log.warning if "OTEL_TRACES_EXPORTER" in os.environ else log.debug
+            report("OTEL_TRACES_EXPORTER names an exporter that is not installed; spans are not exported "
+                   "there (for otlp: pip install opentelemetry-exporter-otlp)", extra={"exporter": name})
             continue
         exporters.append(found[name].load()())
     return exporters
