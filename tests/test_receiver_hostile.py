@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from hookline.core import db
 from hookline.receiver.group_commit import GroupCommitter, InboxRow
 from support import senders
-from support.postgres import PgServer
+from support.postgres import PgServer, database_with_providers
 from support.processes import ServiceProcess, hookline_cli, receiver
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -38,12 +38,8 @@ HEADER_TIMEOUT, BODY_TIMEOUT, KEEPALIVE_TIMEOUT = "1", "2", "600"
 
 @pytest.fixture(scope="module")
 async def module_db(pg_server: PgServer) -> AsyncIterator[str]:
-    name = await pg_server.create_database()
-    url = pg_server.url_for(name)
-    result = hookline_cli(url, "providers", "apply", "-f", "-", stdin=senders.PROVIDERS_YAML)
-    assert result.returncode == 0, result.stderr
-    yield url
-    await pg_server.drop_database(name)
+    async with database_with_providers(pg_server, senders.PROVIDERS_YAML) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

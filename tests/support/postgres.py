@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -40,3 +42,18 @@ class PgServer:
             await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             await conn.close()
+
+
+@asynccontextmanager
+async def database_with_providers(server: PgServer, providers_yaml: str) -> AsyncIterator[str]:
+    """A fresh database with ``providers_yaml`` applied through the real CLI; dropped afterwards."""
+    from support.processes import hookline_cli
+
+    name = await server.create_database()
+    url = server.url_for(name)
+    try:
+        result = hookline_cli(url, "providers", "apply", "-f", "-", stdin=providers_yaml)
+        assert result.returncode == 0, result.stderr
+        yield url
+    finally:
+        await server.drop_database(name)
