@@ -12,7 +12,9 @@ K8S_VERSION="v1.37.2"
 # The etcd that Kubernetes v1.37.2 ships with (its build/dependencies.yaml and go.mod both say 3.7.0).
 ETCD_VERSION="v3.7.0"
 
-log() { printf 'envtest: %s\n' "$*" >&2; }
+LOG_PREFIX=envtest
+# shellcheck source=../support/gobuild.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../support/gobuild.sh"
 
 has_all() { [[ -x "$1/etcd" && -x "$1/kube-apiserver" && -x "$1/kubectl" ]]; }
 
@@ -32,22 +34,10 @@ if has_all "$DEST"; then
     exit 0
 fi
 
-GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
-[[ -x "$GO" ]] || { log "no Go toolchain found (set GO=/path/to/go)"; exit 1; }
-# Never let a module's toolchain line trigger a toolchain download (the local Go must do), and never
-# let a go.work or go.mod around the caller's directory take part.
-export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=mod"
-
-mkdir -p "$DEST"
-# Two concurrent callers (make + pytest, two engineers) must not both spend many minutes compiling.
-if command -v flock >/dev/null; then
-    exec 9>"$CACHE/.build.lock"
-    flock 9
-fi
+gobuild_lock "$DEST"
 if has_all "$DEST"; then echo "$DEST"; exit 0; fi
 
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/hookline-envtest.XXXXXX")"
-trap 'rm -rf "$WORK"' EXIT
+gobuild_workdir envtest
 log "building Kubernetes $K8S_VERSION and etcd $ETCD_VERSION with $("$GO" version) (first time: many minutes)"
 
 # kube-apiserver reports this version; without it, it claims v0.0.0-master and kubectl warns about skew.
@@ -60,11 +50,9 @@ done
 
 build() { # build <module dir> <package> <binary name> [extra ldflags]
     (cd "$1" && nice -n 19 "$GO" build -trimpath -ldflags "-s -w${4:-}" -o "$WORK/out/$3" "$2")
-    # rename(2) within one filesystem: a reader never sees a half-written binary.
-    cp "$WORK/out/$3" "$DEST/.$3.tmp" && mv -f "$DEST/.$3.tmp" "$DEST/$3"
-    log "built $DEST/$3"
+    gobuild_install "$WORK/out/$3" "$3"
 }
-mkdir -p "$WORK/out" "$WORK/k8s" "$WORK/etcd"
+mkdir -p "$WORK/k8s" "$WORK/etcd"
 
 if [[ ! -x "$DEST/kube-apiserver" || ! -x "$DEST/kubectl" ]]; then
     # k8s.io/kubernetes requires its staging modules (k8s.io/api, client-go, ...) as v0.0.0 and

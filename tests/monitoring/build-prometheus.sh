@@ -11,7 +11,9 @@ set -euo pipefail
 PROMETHEUS_VERSION="3.16.0"
 MODULE_VERSION="v0.316.0"   # needs go >= 1.26.7
 
-log() { printf 'prometheus: %s\n' "$*" >&2; }
+LOG_PREFIX=prometheus
+# shellcheck source=../support/gobuild.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../support/gobuild.sh"
 
 has_all() { [[ -x "$1/prometheus" && -x "$1/promtool" ]]; }
 
@@ -29,21 +31,10 @@ if has_all "$DEST"; then
     exit 0
 fi
 
-GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
-[[ -x "$GO" ]] || { log "no Go toolchain found (set GO=/path/to/go)"; exit 1; }
-# The local Go must do (no toolchain download); no go.work or go.mod around the caller takes part.
-export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=mod"
-
-mkdir -p "$DEST"
-# Two concurrent callers (make + pytest) must not both spend minutes compiling.
-if command -v flock >/dev/null; then
-    exec 9>"$CACHE/.build.lock"
-    flock 9
-fi
+gobuild_lock "$DEST"
 if has_all "$DEST"; then echo "$DEST"; exit 0; fi
 
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/hookline-prometheus.XXXXXX")"
-trap 'rm -rf "$WORK"' EXIT
+gobuild_workdir prometheus
 log "building Prometheus $PROMETHEUS_VERSION with $("$GO" version) (first time: several minutes)"
 
 # Tags: no builtinassets, so no web UI assets are needed (the HTTP API is all the tests use);
@@ -57,13 +48,10 @@ LDFLAGS+=" -X github.com/prometheus/common/version.Branch=HEAD"
 # replace directive in Prometheus's go.mod, like tests/envtest/build.sh does for Kubernetes.
 printf 'module hookline.local/prometheus\n\ngo 1.26.7\n\nrequire github.com/prometheus/prometheus %s\n' \
     "$MODULE_VERSION" >"$WORK/go.mod"
-mkdir -p "$WORK/out"
 for binary in prometheus promtool; do
     (cd "$WORK" && nice -n 19 "$GO" build -trimpath -tags "$TAGS" -ldflags "$LDFLAGS" \
         -o "$WORK/out/$binary" "github.com/prometheus/prometheus/cmd/$binary")
-    # rename(2) within one filesystem: a reader never sees a half-written binary.
-    cp "$WORK/out/$binary" "$DEST/.$binary.tmp" && mv -f "$DEST/.$binary.tmp" "$DEST/$binary"
-    log "built $DEST/$binary"
+    gobuild_install "$WORK/out/$binary" "$binary"
 done
 
 echo "$DEST"
