@@ -7,13 +7,20 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
+from pathlib import Path
 
 import asyncpg
 import pytest
 
+from hookline import outbox
+from hookline.core import pools
+from hookline.core.signatures import get_scheme
+from hookline.relay import endpoints
 from hookline_operator import budget
 from hookline_operator.budget import Demand
 from hookline_operator.ownership import Resource
+from support.endpoints import Answer, TestEndpoint, wait_for
+from support.processes import relay as relay_process
 
 
 def test_fair_shares_fill_the_smallest_first() -> None:
@@ -122,3 +129,48 @@ async def test_forgotten_and_stale_rows_free_their_connections(pool: asyncpg.Poo
                        "WHERE owner_uid = $1", stale.uid)
     await budget.forget(pool, gone)
     assert (await budget.grant(pool, live, 5, 0, 20, 100, 300)).replicas == 5
+
+
+# --- what a service process really holds ------------------------------------------------------------
+
+RELAY_CONCURRENCY = 32  # above pools.RELAY_CAP: deliveries outnumber the relay's pool
+
+
+async def backends_of(pool: asyncpg.Pool, application_name: str) -> int:
+    return int(await pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                                   application_name))
+
+
+async def test_a_relay_with_every_pool_connection_busy_holds_its_budget_and_no_more(
+        database_url: str, pool: asyncpg.Pool, log_dir: Path) -> None:
+    """``pools.relay`` is what the chart and the operator count per relay pod. A table lock holds every
+    delivery's bookkeeping, so the relay's pool fills up; the relay's backends in pg_stat_activity
+    (its LISTEN, its maintenance locks and that full pool) then add up to exactly the budget."""
+    name = f"relay-budget-{uuid.uuid4().hex[:8]}"
+    budget_total = pools.relay(RELAY_CONCURRENCY)
+    async with TestEndpoint(get_scheme("standard-webhooks").generate_secret(), lambda n, r: Answer(500)) as ep:
+        async with pool.acquire() as conn:
+            await endpoints.add(conn, "failing", ep.url, secret=ep.secret, max_attempts=1000,
+                                initial_delay=0.05, max_delay=0.1)
+            async with conn.transaction():
+                for i in range(200):
+                    await outbox.publish(conn, "budget.test", {"n": i})
+        relay = await asyncio.to_thread(relay_process, f"{database_url}?application_name={name}", log_dir,
+                                        "--allow-private-networks", "--concurrency", str(RELAY_CONCURRENCY),
+                                        "--breaker-min-volume", "1000000")  # failures keep flowing
+        try:
+            await wait_for(lambda: len(ep.received) >= 50, timeout=30)
+            async with pool.acquire() as locker, locker.transaction():
+                await locker.execute("LOCK TABLE hookline.deliveries IN EXCLUSIVE MODE")  # reads go on, writes wait
+                await wait_for(lambda: _at_least(pool, name, budget_total), timeout=30)
+                most = budget_total
+                for _ in range(40):  # a while longer: nothing opens beyond it
+                    most = max(most, await backends_of(pool, name))
+                    await asyncio.sleep(0.05)
+            assert most == budget_total, f"{most} connections, budget {budget_total}"
+        finally:
+            assert relay.stop() == 0, relay.logs()
+
+
+async def _at_least(pool: asyncpg.Pool, application_name: str, count: int) -> bool:
+    return await backends_of(pool, application_name) >= count

@@ -96,7 +96,7 @@ async def receiver(args: argparse.Namespace) -> int:
     from hookline.receiver.app import Receiver
 
     # The registry's LISTEN connection is the listener's, outside the pool; the total stays pools.receiver.
-    size = pools.receiver(args.db_connections) - pools.LISTEN
+    size = pools.pool_size(pools.receiver(args.db_connections))
     pool = await db.create_pool(min_size=size, max_size=size, lean=True)
     listener = Listener(DedicatedConnection())
     await listener.start()
@@ -126,9 +126,8 @@ async def worker(args: argparse.Namespace) -> int:
     # Connections open as load asks for them (an idle worker holds a few), up to the size the operator's
     # connection budget counts per worker pod: the pool, the shared LISTEN and the maintenance leader's lock.
     # A sweeping worker also takes part in the partition manager's election (one more lock connection).
-    lock_connections = pools.LEADER_LOCK * (2 if args.sweep else 1)
-    pool = await db.create_pool(min_size=2, max_size=pools.worker(args.concurrency) - pools.LISTEN - lock_connections,
-                                lean=True)
+    pool = await db.create_pool(min_size=2, max_size=pools.pool_size(pools.worker(args.concurrency),
+                                                                  locks=2 if args.sweep else 1), lean=True)
     listener = Listener(DedicatedConnection())
     await listener.start()
     registry = ProviderRegistry(pool, listener=listener)
@@ -203,14 +202,14 @@ async def relay(args: argparse.Namespace) -> int:
     if problems := breaker.problems():
         return _fail("; ".join(problems))
     allow_private = args.allow_private_networks or env_flag("HOOKLINE_ALLOW_PRIVATE_NETWORKS")
-    # The pool, the LISTEN connection and the maintenance leader's lock: pools.relay in all.
-    pool = await db.create_pool(max_size=pools.relay(args.concurrency) - pools.LISTEN - pools.LEADER_LOCK)
+    # The pool, the LISTEN connection and the outbox's and partitions' leader locks: pools.relay in all.
+    pool = await db.create_pool(max_size=pools.pool_size(pools.relay(args.concurrency), locks=pools.RELAY_LOCKS))
     listener = Listener(DedicatedConnection())
     service = Relay(pool, concurrency=args.concurrency, allow_private_networks=allow_private,
                     host=args.host, port=args.port, poll_interval=args.poll_interval,
                     lease_seconds=args.lease_seconds, grace_period=args.grace_period,
                     retention_hours=args.retention_hours, breaker=breaker, listener=listener,
-                    leader_connection=DedicatedConnection())
+                    leader_connection=DedicatedConnection(), partitions_connection=DedicatedConnection())
 
     async def start() -> None:
         await listener.start()

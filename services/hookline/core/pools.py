@@ -4,8 +4,10 @@ their pools, the operator's connection budget, and the chart's arithmetic (tests
 from __future__ import annotations
 
 # Each process's dedicated connections (core/dedicated.py), outside its pool but inside the totals
-# below: the one LISTEN connection, and the maintenance leader's lock (workers and relays).
+# below: the one LISTEN connection, and one per maintenance scope it takes part in the election of
+# (core/maintenance.py: a worker "inbox", and "partitions" with --sweep; a relay "outbox" and "partitions").
 LISTEN, LEADER_LOCK = 1, 1
+RELAY_LOCKS = 2
 # Connections beyond the receiver's batch writers: the provider registry's LISTEN and /readyz.
 RECEIVER_EXTRA = 2
 # The relay's pool: its claim/complete loops and maintenance need few more than 16 however many
@@ -14,6 +16,12 @@ RELAY_CAP, RELAY_EXTRA = 16, 4
 # Beyond the worker's concurrency: completer and heartbeat, stats and the registry, LISTEN and the leader lock.
 WORKER_EXTRA = 4
 OPERATOR = 5  # its pool and, outside it, the maintenance leader's lock
+
+
+def pool_size(total: int, *, locks: int = 0) -> int:
+    """The pool's share of a process's ``total``: what its LISTEN and its ``locks`` leader-lock
+    connections leave. Every service started by the CLI sizes its pool here."""
+    return total - LISTEN - locks * LEADER_LOCK
 
 
 def receiver(db_connections: int) -> int:

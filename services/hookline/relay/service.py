@@ -110,7 +110,8 @@ class Relay(LeasedConsumer):
                  lease_seconds: float = 60.0, grace_period: float = 25.0, retention_hours: float = 72.0,
                  breaker: BreakerSettings | None = None, sweep_interval: float = 5.0,
                  stats_interval: float = 5.0, worker_id: str | None = None,
-                 listener: Listener | None = None, leader_connection: DedicatedConnection | None = None) -> None:
+                 listener: Listener | None = None, leader_connection: DedicatedConnection | None = None,
+                 partitions_connection: DedicatedConnection | None = None) -> None:
         super().__init__(pool, OUTBOX, worker_id=worker_id or make_worker_id("relay"),
                          channels=(OUTBOX.channel, "hookline_endpoints"),
                          concurrency=concurrency, poll_interval=poll_interval, grace_period=grace_period,
@@ -130,7 +131,7 @@ class Relay(LeasedConsumer):
         # The inbox's partition manager (core/partitions.py) runs here too: relays hold the full
         # credential in every install (the chart's worker pods log in as tenants), and the "inbox"
         # "partitions" scope's lock lets one process of the whole install do it, relay or `worker --sweep`.
-        self.inbox_maintainer = partitions_maintainer(pool, DedicatedConnection(pool))
+        self.inbox_maintainer = partitions_maintainer(pool, partitions_connection or DedicatedConnection(pool))
         self.completer = Completer(pool, self.worker_id)
         self.outcomes = OutcomeRecorder(pool, self.breaker_settings, self._circuits_changed)
         self.session = delivery.create_session(allow_private_networks=allow_private_networks,
