@@ -21,6 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -31,6 +32,8 @@ BINARIES = ("etcd", "kube-apiserver", "kubectl")
 ADMIN_USER = "hookline-admin"
 # A ClusterIP range is mandatory for kube-apiserver even though nothing here allocates Services.
 SERVICE_CIDR = "10.0.0.0/24"
+# The first address of SERVICE_CIDR: the `kubernetes` Service, which pods in a cluster dial.
+KUBERNETES_SERVICE_IP = "10.0.0.1"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 
@@ -101,7 +104,7 @@ def _openssl_cert(pki: Path, name: str, subject: str, extensions: list[str], iss
     _openssl(*args)
 
 
-def _make_pki(pki: Path) -> None:
+def _make_pki(pki: Path, advertise_address: str) -> None:
     """A throwaway CA, the API server's serving cert, an admin client cert and the SA signing key.
 
     The ``openssl`` CLI is used because the ``cryptography`` package is not a project dependency.
@@ -120,6 +123,8 @@ def _make_pki(pki: Path) -> None:
         "authorityKeyIdentifier=keyid",
     ]
     sans = "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:127.0.0.1"
+    # Pods reach the server through the `kubernetes` Service's address, then at the advertised one.
+    sans += f",IP:{KUBERNETES_SERVICE_IP},IP:{advertise_address}"
     _openssl_cert(
         pki,
         "serving",
@@ -137,12 +142,24 @@ def _make_pki(pki: Path) -> None:
 class ApiServer:
     """etcd + kube-apiserver on free loopback ports, torn down on exit (also usable as start()/stop())."""
 
-    def __init__(self, assets: Path | None = None, *, startup_timeout: float = 90.0) -> None:
+    def __init__(
+        self,
+        assets: Path | None = None,
+        *,
+        startup_timeout: float = 90.0,
+        advertise_address: str = "127.0.0.1",
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        """``advertise_address``: loopback for API-only tests; a cluster's node address when pods must reach
+        the server (it then listens on every address and publishes the `kubernetes` Service's endpoints).
+        ``extra_args`` are appended to kube-apiserver's command line."""
         found = assets or find_assets()
         if found is None:
             raise ApiServerError("etcd/kube-apiserver/kubectl not found: run tests/envtest/build.sh")
         self.assets: Path = found
         self.startup_timeout = startup_timeout
+        self.advertise_address = advertise_address
+        self.extra_args = tuple(extra_args)
         self.workdir: Path | None = None
         self.port = 0
         self.url = ""
@@ -186,14 +203,14 @@ class ApiServer:
     def _start(self) -> None:
         pki = self._path("pki")
         pki.mkdir()
-        _make_pki(pki)
+        _make_pki(pki, self.advertise_address)
         # Format: token,user,uid,"group1,group2".
         self._path("tokens.csv").write_text(f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
 
         etcd_port, peer_port, self.port = _free_port(), _free_port(), _free_port()
         etcd_url, peer_url = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{peer_port}"
         self.url = f"https://127.0.0.1:{self.port}"
-        self._spawn(
+        self.spawn(
             "etcd",
             "--name=hookline",
             f"--data-dir={self._path('etcd')}",
@@ -206,18 +223,22 @@ class ApiServer:
             "--unsafe-no-fsync",
             "--log-level=warn",
         )
-        self._wait_ready("etcd", f"{etcd_url}/health", None)
-        self._spawn(
+        self.wait_ready("etcd", f"{etcd_url}/health", None)
+        loopback = self.advertise_address == "127.0.0.1"
+        self.spawn(
             "kube-apiserver",
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            # There is no Service network to publish the loopback address in as endpoints.
-            "--endpoint-reconciler-type=none",
+            f"--bind-address={'127.0.0.1' if loopback else '0.0.0.0'}",
+            f"--advertise-address={self.advertise_address}",
+            # Without a cluster there is no Service network to publish the loopback address in as endpoints.
+            *(["--endpoint-reconciler-type=none"] if loopback else []),
             f"--secure-port={self.port}",
             f"--tls-cert-file={pki / 'serving.crt'}",
             f"--tls-private-key-file={pki / 'serving.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
+            # Its identity towards kubelets (logs, exec, port-forward), where a cluster has them.
+            f"--kubelet-client-certificate={pki / 'admin.crt'}",
+            f"--kubelet-client-key={pki / 'admin.key'}",
             f"--token-auth-file={self._path('tokens.csv')}",
             "--authorization-mode=RBAC",
             f"--service-account-issuer={SA_ISSUER}",
@@ -226,24 +247,30 @@ class ApiServer:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--allow-privileged=true",
             "--profiling=false",
+            *self.extra_args,
         )
         self._write_kubeconfig()
         context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
         context.load_cert_chain(pki / "admin.crt", pki / "admin.key")
-        self._wait_ready("kube-apiserver", f"{self.url}/readyz", context)
+        self.wait_ready("kube-apiserver", f"{self.url}/readyz", context)
 
-    def _spawn(self, name: str, *args: str) -> None:
+    def spawn(self, name: str, *args: str, binary: Path | None = None) -> subprocess.Popen[bytes]:
+        """Start a process logging to ``<workdir>/<name>.log``; stop() ends it (last started, first stopped).
+
+        ``binary`` defaults to ``<assets>/<name>``; a cluster adds its other components the same way."""
         log = self._path(f"{name}.log").open("wb")
-        proc = subprocess.Popen([str(self.assets / name), *args], stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([str(binary or self.assets / name), *args], stdout=log, stderr=subprocess.STDOUT)
         self._procs.append((name, proc, log))
+        return proc
 
-    def _wait_ready(self, name: str, url: str, context: ssl.SSLContext | None) -> None:
+    def wait_ready(self, name: str, url: str, context: ssl.SSLContext | None) -> None:
+        """Poll ``url`` until it answers 200; fail with every process's log tail if ``name`` exits first."""
         deadline = time.monotonic() + self.startup_timeout
         proc = next(p for n, p, _ in self._procs if n == name)
         last = "no answer yet"
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise self._failure(f"{name} exited with code {proc.returncode}")
+                raise self.failure(f"{name} exited with code {proc.returncode}")
             try:
                 with urllib.request.urlopen(url, timeout=5, context=context) as response:
                     if response.status == 200:
@@ -253,9 +280,10 @@ class ApiServer:
             except OSError as err:
                 last = str(err)
             time.sleep(0.2)
-        raise self._failure(f"{name} not ready after {self.startup_timeout:.0f}s ({last})")
+        raise self.failure(f"{name} not ready after {self.startup_timeout:.0f}s ({last})")
 
-    def _failure(self, what: str) -> ApiServerError:
+    def failure(self, what: str) -> ApiServerError:
+        """An error carrying ``what`` and the tail of every process's log."""
         logs = "\n".join(
             f"--- last lines of the {name} log:\n{_tail(self._path(name + '.log'))}" for name, _, _ in self._procs
         )
