@@ -11,21 +11,29 @@
 #
 # Build:  docker build -t hookline:dev .                      (the operator image)
 #         docker build --target service -t hookline-service:dev .
+#         make images   (podman, no Docker engine, no registry: a debootstrapped Debian base; tests/images/)
 # tests/chart/test_dockerfile.py replays the build stages (COPY/RUN/ENV/WORKDIR) in temporary
 # virtualenvs and checks the file's rules, since the development machines have no Docker engine.
 
 # An exact version tag, never a floating one. For reproducible builds, pin the digest too
 # (python:3.11.14-slim-bookworm@sha256:...) and let a bot such as Renovate bump both.
+# Any base with a Python >= 3.11 as `python3` and its venv module works: make images passes
+# --build-arg PYTHON_IMAGE=localhost/debian-python:bookworm (Debian's /usr/bin/python3 + python3-venv).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 # ---- build: a virtualenv with the dependencies, then the package --------------------------------
 FROM ${PYTHON_IMAGE} AS build
+# The image's virtualenv never holds pip: pip lives in a build-only virtualenv and installs into the
+# image's one through PIP_PYTHON (pip's --python). `python3`, not `python`: a Debian base has only
+# python3 (/usr/bin/python3); the official image has both.
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    VIRTUAL_ENV=/opt/venv
-RUN python -m venv "$VIRTUAL_ENV"
-ENV PATH="/opt/venv/bin:$PATH"
+    VIRTUAL_ENV=/opt/venv \
+    PIP_PYTHON=/opt/venv/bin/python
+RUN python3 -m venv /opt/build-tools \
+    && python3 -m venv --without-pip "$VIRTUAL_ENV"
+ENV PATH="/opt/venv/bin:/opt/build-tools/bin:$PATH"
 WORKDIR /src
 # Dependencies get their own layer: it is rebuilt only when pyproject.toml changes, not on every
 # source edit. Every dependency ships manylinux wheels, so no compiler is needed (--only-binary).
@@ -59,6 +67,10 @@ ENV PATH="/opt/venv/bin:$PATH" \
 # A numeric UID/GID (not a name): Kubernetes' runAsNonRoot can only verify a numeric user. No
 # /etc/passwd entry is needed; HOME points at /tmp, the one writable (emptyDir) path in the chart.
 ENV HOME=/tmp
+# The official base ships pip in its system site-packages (a Debian base has none): nothing in a
+# running container may install code.
+RUN rm -rf /usr/local/bin/pip /usr/local/bin/pip3* /usr/local/lib/python3*/site-packages/pip \
+    /usr/local/lib/python3*/site-packages/pip-*.dist-info
 USER 10001:10001
 WORKDIR /tmp
 EXPOSE 8080 8081 8082

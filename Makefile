@@ -7,7 +7,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | $(PYTHON) -c "import sys,hashlib;print(hashlib.sha1(sys.stdin.buffer.read()).hexdigest()[:12])")
 ARGS   ?=
 
-.PHONY: run test lint typecheck pytest bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus clean help
+.PHONY: run test lint typecheck pytest bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -48,6 +48,9 @@ prometheus:  ## prometheus and promtool from PATH, or built once per machine (ca
 		echo "prometheus: no binaries and no Go toolchain; monitoring tests will be skipped (HOOKLINE_REQUIRE_PROMETHEUS=1 makes that an error)"; \
 	fi
 
+images:  ## build the hookline and hookline-service images with podman from a debootstrapped base, no Docker or registry (OCI archives in ~/.cache/hookline/images)
+	nice -n 19 tests/images/build.sh
+
 bench: $(STAMP)  ## the three benchmarks in a short mode (a few minutes) and one table of every ratio and its target
 	$(BIN)/python -m benchmarks.summary
 
@@ -84,3 +87,19 @@ dev-k8s:  ## build, deploy the chart with dev values and sync code on every save
 
 kind-down:  ## delete the kind cluster
 	kind delete cluster --name '$(KIND_CLUSTER)'
+
+# --- A real single-node cluster on this machine (no Docker: containerd + a kubelet; needs root) ---------
+.PHONY: cluster cluster-up cluster-down
+
+cluster: envtest  ## build the local cluster's kubelet, control plane, CoreDNS and helm once (cached in ~/.cache/hookline/cluster) and apt-get containerd, runc, CNI plugins
+	@if command -v go >/dev/null 2>&1; then \
+		nice -n 19 tests/cluster/build.sh; \
+	else \
+		echo "cluster: no Go toolchain; the cluster tests will be skipped (HOOKLINE_REQUIRE_CLUSTER=1 makes that an error)"; \
+	fi
+
+cluster-up: $(STAMP) cluster  ## start the local single-node cluster (prints KUBECONFIG; Ctrl-C or make cluster-down stops it); run make images first
+	$(BIN)/python tests/cluster/cluster.py up
+
+cluster-down:  ## stop the cluster make cluster-up started
+	$(BIN)/python tests/cluster/cluster.py down

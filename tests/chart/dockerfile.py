@@ -121,13 +121,14 @@ def replay_stage(dockerfile: Dockerfile, name: str, root: Path, *, keep_pip_cach
     The stages it is built FROM are replayed first, into the same root (Docker starts a stage
     from its parent's file system, env and working directory).
     COPY copies from the repository (minus what .dockerignore leaves out: caches), RUN runs in
-    /bin/sh like Docker's shell form. The base image's own `python` is this test's interpreter
-    (same minor version). keep_pip_cache drops PIP_NO_CACHE_DIR: a cache changes how long the
+    /bin/sh like Docker's shell form. The base image's own `python`/`python3` is this test's
+    interpreter (same minor version). keep_pip_cache drops PIP_NO_CACHE_DIR: a cache changes how long the
     download takes, never what is installed.
     """
     shims = root / "_shims"
     shims.mkdir(parents=True)
     (shims / "python").symlink_to(sys.executable)
+    (shims / "python3").symlink_to(sys.executable)
     env = {
         "PATH": f"{shims}:/usr/local/bin:/usr/bin:/bin",
         "HOME": os.environ.get("HOME", str(root)),

@@ -82,7 +82,10 @@ def test_image_runs_hookline_as_a_numeric_non_root_user(dockerfile: Dockerfile, 
 def test_image_has_no_build_tools_or_caches(dockerfile: Dockerfile, image: str, venv_stage: str) -> None:
     stage = dockerfile.stage(image)
     for run in dockerfile.inherited(stage, "RUN"):
-        assert not re.search(r"\b(apt-get|apk|pip|gcc|make|build-essential)\b", run.value), f"line {run.line}"
+        # The final images may only take things away (the official base's pip); installing happens
+        # in the build stages.
+        assert run.value.startswith("rm -rf "), f"line {run.line}: only removals in a final image: {run.value}"
+        assert not re.search(r"[;&|`]|\$\(", run.value), f"line {run.line}: one plain rm, nothing chained"
     copies = dockerfile.inherited(stage, "COPY")
     assert len(copies) == 1, f"the {image} image copies one virtualenv, nothing else: {copies}"
     assert copies[0].value.split() == [f"--from={venv_stage}", "/opt/venv", "/opt/venv"], f"line {copies[0].line}"

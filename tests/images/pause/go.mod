@@ -1,0 +1,3 @@
+module hookline.local/pause
+
+go 1.22
