@@ -1,4 +1,4 @@
-"""The outbox on a real Postgres: publish in the caller's transaction, fan-out, ordering, retention, CLI."""
+"""The outbox on a real Postgres: publish in the caller's transaction, fan-out, ordering, partitions, CLI."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from hookline import outbox
 from hookline.core.queue import OUTBOX
 from hookline.relay import endpoints
 from hookline.relay.dlq import dlq_outbox
-from hookline.relay.service import Relay
 from support.processes import hookline_cli
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -77,7 +76,7 @@ async def test_fan_out_matches_exact_prefix_and_all(pool: asyncpg.Pool) -> None:
             await outbox.publish(conn, "", {})
     rows = await pool.fetch("""SELECT o.event_type, array_agg(d.endpoint ORDER BY d.endpoint) AS eps
                                FROM hookline.outbox o LEFT JOIN hookline.deliveries d ON d.outbox_id = o.id
-                               GROUP BY o.id ORDER BY o.id""")
+                               GROUP BY o.id, o.event_type ORDER BY o.id""")
     assert [(r["event_type"], r["eps"]) for r in rows] == [
         ("invoice.paid", ["everything", "exact", "prefix"]),
         ("invoice.voided", ["everything", "prefix"]),
@@ -161,28 +160,21 @@ async def test_ordered_claim_holds_back_an_aggregate_not_the_others(pool: asyncp
     assert sorted(await claim(), key=str) == [("a", 1), ("b", 0)]
 
 
-async def test_retention_deletes_only_old_delivered_events(pool: asyncpg.Pool) -> None:
-    await add(pool, "ep", "t")
+async def test_deliveries_live_in_the_partition_of_their_event(pool: asyncpg.Pool) -> None:
+    # Retention drops an event's partition with its deliveries' (migration 0018): both tables are
+    # partitioned by the event's created_at, which each delivery carries.
+    await add(pool, "one")
+    await add(pool, "two")
     async with pool.acquire() as conn:
-        for n in range(7):
-            await outbox.publish(conn, "t", {"n": n})
-        await outbox.publish(conn, "nobody.listens", {}, endpoint=None)
-    await pool.execute("UPDATE hookline.outbox SET created_at = now() - interval '4 days'")
-    rows = await OUTBOX.claim(pool, "ep", 100, "test", 30)
-    by_n = {r["outbox_id"]: r for r in rows}
-    ordered_rows = [by_n[k] for k in sorted(by_n)]
-    await OUTBOX.complete(pool, [(r["id"], r["attempts"]) for r in ordered_rows[:5]], "test")
-    await OUTBOX.bury(pool, ordered_rows[5]["id"], ordered_rows[5]["attempts"], "test", "gave up")
-    async with pool.acquire() as conn:
-        await outbox.publish(conn, "t", {"new": True})
-    relay = Relay(pool, retention_hours=72)
-    try:
-        assert await relay.run_retention(batch=2) == 6  # 5 delivered + the one nobody listens to, in batches of 2
-    finally:
-        await relay.session.close()
-    left = await pool.fetch("SELECT d.status FROM hookline.outbox o JOIN hookline.deliveries d "
-                            "ON d.outbox_id = o.id ORDER BY o.id")
-    assert [r["status"] for r in left] == ["dead", "processing", "pending"]
+        await outbox.publish(conn, "t", {})
+    rows = await pool.fetch(
+        "SELECT o.tableoid::regclass::text AS event_partition, d.tableoid::regclass::text AS delivery_partition, "
+        "o.created_at = d.created_at AS same_time FROM hookline.outbox AS o JOIN hookline.deliveries AS d "
+        "ON d.outbox_id = o.id")
+    assert len(rows) == 2 and all(r["same_time"] for r in rows)
+    assert {r["event_partition"].removeprefix("hookline.outbox") for r in rows} == {
+        r["delivery_partition"].removeprefix("hookline.deliveries") for r in rows}
+    assert not any(r["event_partition"].endswith("_default") for r in rows)
 
 
 async def test_dlq_list_and_replay_by_endpoint_and_window(pool: asyncpg.Pool) -> None:
@@ -226,3 +218,23 @@ async def test_endpoints_cli_shows_the_secret_once(database_url: str) -> None:
     assert deleted.returncode == 0
     missing = await asyncio.to_thread(hookline_cli, database_url, "endpoints", "delete", "partner")
     assert missing.returncode == 2
+
+
+async def test_endpoint_retention_from_the_cli(database_url: str, pool: asyncpg.Pool) -> None:
+    added = await asyncio.to_thread(hookline_cli, database_url, "endpoints", "add", "kept", "--url",
+                                    "https://kept.example.com/", "--done-hours", "6", "--dead-days", "30")
+    assert added.returncode == 0, added.stderr
+    row = await pool.fetchrow("SELECT retention_done_hours, retention_dead_days FROM hookline.endpoints")
+    assert tuple(row) == (6.0, 30.0)
+    for flags in (["--done-hours", "0"], ["--dead-days", "-1"], ["--done-hours", "1e9"]):
+        bad = await asyncio.to_thread(hookline_cli, database_url, "endpoints", "set-retention", "kept", *flags)
+        assert bad.returncode == 2 and flags[0] in bad.stderr
+    assert tuple(await pool.fetchrow("SELECT retention_done_hours, retention_dead_days FROM hookline.endpoints")) == (
+        6.0, 30.0)
+    reset = await asyncio.to_thread(hookline_cli, database_url, "endpoints", "set-retention", "kept",
+                                    "--done-hours", "1.5")
+    assert reset.returncode == 0 and "1.5h" in reset.stdout and "default" in reset.stdout
+    assert tuple(await pool.fetchrow("SELECT retention_done_hours, retention_dead_days FROM hookline.endpoints")) == (
+        1.5, None)
+    missing = await asyncio.to_thread(hookline_cli, database_url, "endpoints", "set-retention", "nope")
+    assert missing.returncode == 2 and "no endpoint named" in missing.stderr

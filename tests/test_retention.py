@@ -1,8 +1,9 @@
-"""Retention of the partitioned inbox (core/partitions.py, migration 0011) with partitions of one
-second: partitions are created ahead and dropped whole only when nothing in them must be kept;
-payloads of done events go, pending and dead events stay, dedup keys outlive their payloads (a
-duplicate is still a duplicate, and copies racing across a partition boundary are stored once),
-and of two maintainers racing only the leader manages."""
+"""Retention of the partitioned inbox (core/partitions.py, migration 0011) and outbox (0018) with
+partitions of one second: partitions are created ahead and dropped whole only when nothing in them
+must be kept; payloads of done events go, pending and dead events stay, dedup keys outlive their
+payloads (a duplicate is still a duplicate, and copies racing across a partition boundary are
+stored once), and of two maintainers racing only the leader manages. The outbox's events go with
+their deliveries, per endpoint's retention; pending, parked and dead deliveries stay."""
 
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ import aiohttp
 import asyncpg
 import pytest
 
+from hookline import outbox
 from hookline.core import db, partitions
 from hookline.core.maintenance import Job, Maintainer, partition_manager
+from hookline.core.signatures import get_scheme
+from hookline.relay import endpoints
 from support.dedicated import GatedConnection
-from support.endpoints import wait_for
+from support.endpoints import Answer, TestEndpoint, wait_for
 from support.inbox import apply_provider
-from support.processes import receiver
+from support.processes import receiver, relay
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -250,3 +254,156 @@ async def test_append_only_tables_are_partitioned_ahead_and_dropped_by_age(pool:
     dropped = await partitions.expire_by_age(pool)
     assert dropped["dropped"] and all(name.startswith("hookline.test_log_p") for name in dropped["dropped"])
     assert [r["line"] for r in await pool.fetch("SELECT line FROM hookline.test_log")] == ["new"]
+
+
+# --- The outbox: events and their deliveries, partitioned together, retained per endpoint ---------
+
+OUTBOX, DELIVERIES = "hookline.outbox", "hookline.deliveries"
+SHORT_ENDPOINT_DEFAULTS = {"endpoint_done_hours": ONE_SECOND, "endpoint_dead_days": 1.0}
+
+
+async def one_second_outbox_partitions(pool: asyncpg.Pool, premake: int = 30) -> None:
+    """Replace the (empty) daily partitions of the outbox and its deliveries by one-second ones."""
+    for table in (OUTBOX, DELIVERIES):
+        for row in await pool.fetch(db.query("list_partitions", "partitions.sql"), table):
+            if not row["is_default"]:
+                await pool.execute(f"DROP TABLE {row['name']}")
+    await pool.execute(db.query("set_outbox_partition_width", "partitions.sql"), datetime.timedelta(seconds=1),
+                       premake)
+    for table in (OUTBOX, DELIVERIES):
+        await partitions.ensure_partitions(pool, table)
+
+
+async def add_endpoint(pool: asyncpg.Pool, name: str, *, enabled: bool = True, done_hours: float | None = None,
+                       dead_days: float | None = None) -> None:
+    async with pool.acquire() as conn:
+        await endpoints.add(conn, name, f"https://{name}.example.com/hook", event_types=["t"],
+                            done_hours=done_hours, dead_days=dead_days)
+    if not enabled:
+        await pool.execute("UPDATE hookline.endpoints SET enabled = false WHERE name = $1", name)
+
+
+async def publish(pool: asyncpg.Pool, tag: str, *, event_type: str = "t", endpoint: str | None = None) -> None:
+    async with pool.acquire() as conn:
+        await outbox.publish(conn, event_type, {"tag": tag}, endpoint=endpoint)
+
+
+async def finish(pool: asyncpg.Pool, tag: str, status: str, endpoint: str | None = None) -> None:
+    """Book the deliveries of event `tag` (to `endpoint`, or all) as the relay would have."""
+    await pool.execute(
+        "UPDATE hookline.deliveries AS d SET status = $2, processed_at = now() FROM hookline.outbox AS o "
+        "WHERE o.id = d.outbox_id AND o.payload->>'tag' = $1 AND ($3::text IS NULL OR d.endpoint = $3)",
+        tag, status, endpoint)
+
+
+async def deliveries_left(pool: asyncpg.Pool) -> dict[tuple[str, str], str]:
+    rows = await pool.fetch("SELECT o.payload->>'tag' AS tag, d.endpoint, d.status FROM hookline.deliveries AS d "
+                            "JOIN hookline.outbox AS o ON o.id = d.outbox_id")
+    return {(r["tag"], r["endpoint"]): r["status"] for r in rows}
+
+
+async def events_left(pool: asyncpg.Pool) -> list[str]:
+    return sorted(r["tag"] for r in await pool.fetch("SELECT payload->>'tag' AS tag FROM hookline.outbox"))
+
+
+async def outbox_partition_of(pool: asyncpg.Pool, tag: str) -> str:
+    name: str = await pool.fetchval("SELECT tableoid::regclass::text FROM hookline.outbox WHERE payload->>'tag' = $1",
+                                    tag)
+    return name
+
+
+async def test_outbox_retention_drops_delivered_pairs_keeps_pending_parked_and_dead(pool: asyncpg.Pool) -> None:
+    await one_second_outbox_partitions(pool)
+    await add_endpoint(pool, "ep")
+    await add_endpoint(pool, "off", enabled=False)  # its deliveries are created parked
+    await publish(pool, "delivered", endpoint="ep")
+    await publish(pool, "nobody", event_type="unmatched")  # an event no endpoint wanted
+    await finish(pool, "delivered", "done")
+    await next_second(pool)
+    for tag in ("pending", "dead", "done-beside"):
+        await publish(pool, tag, endpoint="ep")
+    await publish(pool, "parked", endpoint="off")
+    await finish(pool, "dead", "dead")
+    await finish(pool, "done-beside", "done")
+    alone, mixed = await outbox_partition_of(pool, "delivered"), await outbox_partition_of(pool, "pending")
+    assert alone != mixed and await outbox_partition_of(pool, "nobody") == alone
+
+    await next_second(pool)
+    await next_second(pool)
+    report = await partitions.expire_outbox(pool, partitions.Retention(**SHORT_ENDPOINT_DEFAULTS))
+    # The second of only delivered events goes whole, events and deliveries together.
+    assert {name: rows for name, rows in report.dropped.items() if rows} == {
+        alone: 2, alone.replace(OUTBOX, DELIVERIES): 1}
+    assert await pool.fetchval("SELECT to_regclass($1)", alone) is None
+    # The other stays for its pending, parked and dead deliveries; only the delivered one goes,
+    # with its event.
+    assert report.deleted_from == {DELIVERIES: 1, OUTBOX: 1} and report.kept == 3
+    assert await deliveries_left(pool) == {("pending", "ep"): "pending", ("dead", "ep"): "dead",
+                                           ("parked", "off"): "parked"}
+    assert await events_left(pool) == ["dead", "parked", "pending"]
+
+    # Dead letters go after deadDays; the pending and parked ones (and their events) never.
+    report = await partitions.expire_outbox(pool, partitions.Retention(endpoint_done_hours=ONE_SECOND,
+                                                                       endpoint_dead_days=1 / 86400))
+    assert report.deleted_from == {DELIVERIES: 1, OUTBOX: 1} and not any(report.dropped.values())
+    assert await events_left(pool) == ["parked", "pending"]
+
+
+async def test_outbox_retention_per_endpoint(pool: asyncpg.Pool) -> None:
+    await one_second_outbox_partitions(pool)
+    await add_endpoint(pool, "short", done_hours=ONE_SECOND, dead_days=1 / 86400)
+    await add_endpoint(pool, "long", done_hours=24, dead_days=1)
+    await publish(pool, "both")  # fanned out to both endpoints
+    await publish(pool, "short-only", endpoint="short")
+    await publish(pool, "short-dead", endpoint="short")
+    await publish(pool, "long-dead", endpoint="long")
+    await finish(pool, "both", "done")
+    await finish(pool, "short-only", "done")
+    await finish(pool, "short-dead", "dead")
+    await finish(pool, "long-dead", "dead")
+    await next_second(pool)
+    await next_second(pool)
+    # The install's defaults are long; each endpoint's own settings decide for its deliveries.
+    report = await partitions.expire_outbox(pool, partitions.Retention(endpoint_done_hours=24, endpoint_dead_days=1))
+    assert not any(report.dropped.values())
+    assert await deliveries_left(pool) == {("both", "long"): "done", ("long-dead", "long"): "dead"}
+    # An event goes with its last delivery, not before.
+    assert await events_left(pool) == ["both", "long-dead"]
+    assert report.deleted_from == {DELIVERIES: 3, OUTBOX: 2}
+
+
+async def test_outbox_retention_end_to_end_with_a_real_relay(database_url: str, pool: asyncpg.Pool,
+                                                             log_dir: Path) -> None:
+    await one_second_outbox_partitions(pool)
+    secret = get_scheme("standard-webhooks").generate_secret()
+    async with TestEndpoint(secret) as ok, TestEndpoint(secret, lambda n, r: Answer(500)) as failing:
+        for name, target in (("ok", ok), ("failing", failing)):
+            async with pool.acquire() as conn:
+                await endpoints.add(conn, name, target.url, event_types=["t"], secret=secret, max_attempts=1,
+                                    done_hours=ONE_SECOND, dead_days=1.0)
+        async with pool.acquire() as conn:
+            await endpoints.add(conn, "later", "https://later.example.com/hook", event_types=["t"],
+                                done_hours=ONE_SECOND)
+        await pool.execute("UPDATE hookline.endpoints SET enabled = false WHERE name = 'later'")
+        for n in range(5):
+            await publish(pool, f"e{n}")
+        service = relay(database_url, log_dir, "--allow-private-networks")
+        try:
+            await wait_for(lambda: _count(pool, "SELECT count(*) FROM hookline.deliveries WHERE status IN "
+                                                "('done', 'dead')", 10))
+        finally:
+            assert service.stop() == 0
+    assert len({r.webhook_id for r in ok.received}) == 5
+    await next_second(pool)
+    await next_second(pool)
+    # One pass of the partition manager, as the relays' leader runs it every minute.
+    report = await partitions.manage_partitions(pool, partitions.Retention(endpoint_done_hours=ONE_SECOND))
+    assert report.outbox.deleted_from == {DELIVERIES: 5}
+    left = await deliveries_left(pool)
+    # Delivered payloads are gone; every dead and parked delivery and its event is untouched.
+    assert sorted(left.values()) == ["dead"] * 5 + ["parked"] * 5
+    assert await events_left(pool) == [f"e{n}" for n in range(5)]
+
+
+async def _count(pool: asyncpg.Pool, sql: str, expected: int) -> bool:
+    return bool(await pool.fetchval(sql) == expected)

@@ -30,17 +30,18 @@ END $$;
 """
 
 # Tables shaped like a queue that has been running: mostly finished rows, a few due. The
-# inbox's rows are spread over four of its time partitions (migration 0011).
+# inbox's rows are spread over four of its time partitions (migration 0011), the outbox's
+# events and their deliveries over four of theirs (migration 0018).
 RUNNING_QUEUES = """
 INSERT INTO hookline.inbox (provider, event_id, body, status, entity_key, received_at)
 SELECT 'p' || g % 10, 'evt_' || g, '\\x'::bytea, CASE WHEN g % 100 = 0 THEN 'pending' ELSE 'done' END, 'k' || g % 50,
        now() + (g % 4) * interval '1 day'
 FROM generate_series(1, 20000) AS g;
 INSERT INTO hookline.endpoints (name, url) SELECT 'p' || g, 'https://example.com/hook' FROM generate_series(0, 9) AS g;
-INSERT INTO hookline.outbox (event_id, event_type, payload)
-SELECT 'msg_' || g, 't', '{}' FROM generate_series(1, 20000) AS g;
-INSERT INTO hookline.deliveries (outbox_id, endpoint, status, aggregate_key)
-SELECT id, 'p' || id % 10, CASE WHEN id % 100 = 0 THEN 'pending' ELSE 'done' END, 'k' || id % 50
+INSERT INTO hookline.outbox (event_id, event_type, payload, created_at)
+SELECT 'msg_' || g, 't', '{}', now() + (g % 4) * interval '1 day' FROM generate_series(1, 20000) AS g;
+INSERT INTO hookline.deliveries (outbox_id, endpoint, status, aggregate_key, created_at)
+SELECT id, 'p' || id % 10, CASE WHEN id % 100 = 0 THEN 'pending' ELSE 'done' END, 'k' || id % 50, created_at
 FROM hookline.outbox;
 ANALYZE;
 """
@@ -181,32 +182,56 @@ def test_unknown_statement_names_its_file() -> None:
         db.query("nope", "queue.sql")
 
 
-# The inbox is partitioned by received_at (migration 0011) and these statements find rows by
-# id or status, not by time, so every partition is probed; what must hold is that each probe
-# is an index read (the primary key, or a partial index), never a read of a whole partition.
+# The inbox is partitioned by received_at (migration 0011), the deliveries by their event's
+# created_at (0018), and these statements find rows by id or status, not by time, so every
+# partition is probed; what must hold is that each probe is an index read (the primary key, or
+# a partial index), never a read of a whole partition.
 PARTITIONED_STATEMENT_INDEXES = {
     # Picks through the claimable index, then updates the picked rows by primary key.
-    "claim": {"inbox_claimable_idx", "inbox_pkey"},
+    ("inbox", "claim"): {"inbox_claimable_idx", "inbox_pkey"},
     # By id, or through the few rows that are processing; either is a probe per partition.
-    "extend_leases": {"inbox_pkey", "inbox_leased_idx"},
-    "complete": {"inbox_pkey", "inbox_leased_idx"},
-    "lock_expired": {"inbox_leased_idx"},
+    ("inbox", "extend_leases"): {"inbox_pkey", "inbox_leased_idx"},
+    ("inbox", "complete"): {"inbox_pkey", "inbox_leased_idx"},
+    ("inbox", "lock_expired"): {"inbox_leased_idx"},
+    # The same for the deliveries; the claim takes due retries first through their own index,
+    # and the unfinished rows' index (0018) holds the processing ones too.
+    ("outbox", "claim"): {"deliveries_retry_idx", "deliveries_claimable_idx", "deliveries_pkey"},
+    ("outbox", "extend_leases"): {"deliveries_pkey", "deliveries_leased_idx", "deliveries_undelivered_idx"},
+    ("outbox", "complete"): {"deliveries_pkey", "deliveries_leased_idx", "deliveries_undelivered_idx"},
+    ("outbox", "lock_expired"): {"deliveries_leased_idx"},
 }
+PARTITIONED_TABLES = {"inbox": "hookline.inbox", "outbox": "hookline.deliveries"}
 
 
-@pytest.mark.parametrize("statement", sorted(PARTITIONED_STATEMENT_INDEXES))
-async def test_queue_statements_keep_their_plans_on_a_partitioned_inbox(planner: asyncpg.Connection,
-                                                                        statement: str) -> None:
-    partitions = await planner.fetchval("SELECT count(DISTINCT tableoid) FROM hookline.inbox")
+@pytest.mark.parametrize(("queue", "statement"), sorted(PARTITIONED_STATEMENT_INDEXES))
+async def test_queue_statements_keep_their_plans_on_partitioned_tables(planner: asyncpg.Connection, queue: str,
+                                                                       statement: str) -> None:
+    partitions = await planner.fetchval(f"SELECT count(DISTINCT tableoid) FROM {PARTITIONED_TABLES[queue]}")
     assert partitions >= 4
-    case = next(q for q in QUEUES if q.name == "inbox")
-    plan = nodes(await explain(planner, case.queue.sql(statement), f"{statement} for the inbox"))
+    case = next(q for q in QUEUES if q.name == queue)
+    plan = nodes(await explain(planner, case.queue.sql(statement), f"{statement} for the {queue}"))
     read = [n["Index Name"] for n in plan if "Index Name" in n]
     assert len(read) >= partitions, f"{statement} does not read each partition's index: {read}"
     used = await partitioned_indexes(planner, set(read))
-    assert used and used <= PARTITIONED_STATEMENT_INDEXES[statement], f"{statement} uses {used}"
+    assert used and used <= PARTITIONED_STATEMENT_INDEXES[queue, statement], f"{statement} uses {used}"
     scanned = await nonempty(planner, {n["Relation Name"] for n in plan if n["Node Type"] == "Seq Scan"})
     assert not scanned, f"{statement} reads whole partitions: {scanned}"
+
+
+# The relay's and `hookline status`'s per-endpoint figures read the indexes of unfinished and
+# dead deliveries, never the delivered history (which is almost all of the table).
+ENDPOINT_STATS = [("outbox.sql", "undelivered_age"), ("status.sql", "endpoint_status")]
+
+
+@pytest.mark.parametrize(("filename", "statement"), ENDPOINT_STATS)
+async def test_endpoint_statistics_read_indexes_only(planner: asyncpg.Connection, filename: str,
+                                                     statement: str) -> None:
+    plan = nodes(await explain(planner, db.query(statement, filename), statement))
+    scanned = await nonempty(planner, {n["Relation Name"] for n in plan if n["Node Type"] == "Seq Scan"})
+    assert not {name for name in scanned if name.startswith("deliveries")}, f"{statement} reads {scanned}"
+    used = await partitioned_indexes(planner, {n["Index Name"] for n in plan if "Index Name" in n})
+    assert used & {"deliveries_undelivered_idx", "deliveries_claimable_idx", "deliveries_parked_idx",
+                   "deliveries_dead_idx"}, f"{statement} uses {used}"
 
 
 async def test_one_event_by_its_id_is_an_index_probe_per_partition(planner: asyncpg.Connection) -> None:

@@ -221,8 +221,10 @@ def configure_relay_parser(subparsers: Subparsers) -> None:
     p.add_argument("--concurrency", type=int, default=64, help="deliveries in flight at once (default 64)")
     p.add_argument("--allow-private-networks", action="store_true",
                    help="allow endpoints on loopback/private addresses (or HOOKLINE_ALLOW_PRIVATE_NETWORKS=true)")
-    p.add_argument("--retention-hours", type=float, default=72.0,
-                   help="delete delivered events older than this (default 72; 0 keeps them)")
+    p.add_argument("--retention-hours", type=float, default=None,
+                   help="hours delivered events are kept, for endpoints without their own retention (default "
+                   "HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS or 72); applied by whichever relay or `worker --sweep` "
+                   "leads partition management, so give every one the same value")
     _add_breaker_flags(p)
     p.add_argument("--lease-seconds", type=float, default=60.0, help="delivery lease, renewed while in flight")
     _add_consumer_flags(p, "deliveries", port=8082)
@@ -256,7 +258,8 @@ def configure_endpoints_parser(subparsers: Subparsers) -> None:
         "Webhooks with the endpoint's whsec_ secret.",
         examples="  hookline endpoints add billing --url https://billing.example.com/hooks --event-type 'invoice.*'\n"
         "  hookline endpoints list\n"
-        "  hookline endpoints rotate-secret billing --overlap-hours 48\n")
+        "  hookline endpoints rotate-secret billing --overlap-hours 48\n"
+        "  hookline endpoints set-retention billing --done-hours 24 --dead-days 30\n")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     add = _add_command(actions, "add", "create an endpoint; prints its secret once")
     add.add_argument("name")
@@ -270,6 +273,7 @@ def configure_endpoints_parser(subparsers: Subparsers) -> None:
     add.add_argument("--retry-initial-delay", type=float, default=5.0, help="first retry delay, seconds (default 5)")
     add.add_argument("--retry-max-delay", type=float, default=3600.0, help="longest retry delay (default 3600)")
     add.add_argument("--timeout", type=float, default=10.0, help="seconds for the whole request (default 10)")
+    _add_endpoint_retention_flags(add)
     _add_common(add)
     _add_common(_add_command(actions, "list", "list endpoints (secrets shown as fingerprints only)"))
     named = {
@@ -284,6 +288,21 @@ def configure_endpoints_parser(subparsers: Subparsers) -> None:
             a.add_argument("--overlap-hours", type=float, default=24.0,
                            help="how long the old secret keeps signing too (default 24)")
         _add_common(a)
+    retention = _add_command(actions, "set-retention",
+                             "how long this endpoint's delivered events and dead letters are kept; a flag "
+                             "left out goes back to the install's default")
+    retention.add_argument("name")
+    _add_endpoint_retention_flags(retention)
+    _add_common(retention)
+
+
+def _add_endpoint_retention_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--done-hours", type=float, metavar="H",
+                   help="keep delivered events H hours after they were published (default: the install's, "
+                   "HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS or 72)")
+    p.add_argument("--dead-days", type=float, metavar="D",
+                   help="keep dead deliveries D days after they died unless replayed (default: the install's, "
+                   "HOOKLINE_ENDPOINT_RETENTION_DEAD_DAYS or 14); pending and parked ones are never removed")
 
 
 def configure_operator_parser(subparsers: Subparsers) -> None:

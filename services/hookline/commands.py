@@ -201,6 +201,8 @@ async def relay(args: argparse.Namespace) -> int:
                               close_after=args.breaker_close_after)
     if problems := breaker.problems():
         return _fail("; ".join(problems))
+    if args.retention_hours is not None and not args.retention_hours > 0:
+        return _fail("--retention-hours must be greater than 0")
     allow_private = args.allow_private_networks or env_flag("HOOKLINE_ALLOW_PRIVATE_NETWORKS")
     # The pool, the LISTEN connection and the outbox's and partitions' leader locks: pools.relay in all.
     pool = await db.create_pool(max_size=pools.pool_size(pools.relay(args.concurrency), locks=pools.RELAY_LOCKS))
@@ -234,7 +236,8 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
                 secret = await endpoints.add(
                     conn, args.name, args.url, event_types=args.event_types, ordered=args.ordered,
                     secret=args.secret, max_attempts=args.max_attempts, initial_delay=args.retry_initial_delay,
-                    max_delay=args.retry_max_delay, timeout_seconds=args.timeout)
+                    max_delay=args.retry_max_delay, timeout_seconds=args.timeout, done_hours=args.done_hours,
+                    dead_days=args.dead_days)
             except endpoints.EndpointError as exc:
                 return _fail(str(exc))
             print(f"endpoint/{args.name} added")
@@ -247,6 +250,15 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
                 secret = endpoints.fingerprint(e.secrets[0]) if e.secrets else "-"
                 print(f"{e.name:<20} {state:<9} {'yes' if e.ordered else 'no':<8} "
                       f"{','.join(e.event_types):<28} {secret:<20} {e.url}")
+        elif args.action == "set-retention":
+            try:
+                found = await endpoints.set_retention(conn, args.name, args.done_hours, args.dead_days)
+            except endpoints.EndpointError as exc:
+                return _fail(str(exc))
+            if not found:
+                return _fail(f"no endpoint named {args.name!r}")
+            print(f"endpoint/{args.name}: delivered events kept {_or_default(args.done_hours, 'h')}, "
+                  f"dead letters {_or_default(args.dead_days, ' days')}")
         elif args.action == "delete":
             if not await endpoints.delete(conn, args.name):
                 return _fail(f"no endpoint named {args.name!r}")
@@ -267,6 +279,10 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
     finally:
         await conn.close()
     return 0
+
+
+def _or_default(value: float | None, unit: str) -> str:
+    return "the install's default" if value is None else f"{value:g}{unit}"
 
 
 async def status(args: argparse.Namespace) -> int:

@@ -125,7 +125,6 @@ relay_circuit_transitions = Counter(
     "counted by the one relay that made it.",
     ["endpoint", "to"],
 )
-outbox_retention_deleted = Counter("hookline_outbox_retention_deleted_total", "Delivered events deleted by retention.")
 outbox_endpoint_disabled = Gauge(
     "hookline_outbox_endpoint_disabled",
     "1 while the endpoint is disabled (it answered 410 Gone, or an operator disabled it); its deliveries are parked.",
@@ -173,7 +172,8 @@ db_pool_connections.labels("in_use").set_function(_in_use)
 db_pool_connections.labels("idle").set_function(lambda: float(sum(p.get_idle_size() for p in _open_pools())))
 db_pool_max_connections.set_function(lambda: float(sum(p.get_max_size() for p in _open_pools())))
 
-# The partition manager (core/partitions.py), on the inbox's maintenance leader.
+# The partition manager (core/partitions.py: the inbox, the outbox and its deliveries), on the
+# "partitions" maintenance leader.
 partitions_created = Counter("hookline_partitions_created_total",
                              "Partitions created ahead of time by the partition manager.", ["table"])
 partitions_dropped = Counter("hookline_partitions_dropped_total",

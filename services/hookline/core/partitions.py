@@ -1,18 +1,20 @@
 """The partition manager: time partitions created ahead, and retention by dropping them.
 
-The inbox is partitioned by ``received_at`` (migration 0011). Like pg_partman, a job creates the
-partitions of the next periods before they are needed and drops old ones whole, so old events
-leave without a long ``DELETE`` and without vacuum debt. Unlike a plain time-based drop, nothing
-that must be kept is ever dropped: a partition that still holds pending or processing events,
-or dead letters younger than their provider's ``deadDays``, stays; only its rows past their own
-limit are deleted, in small batches like River's job cleaner, and the partition goes once the
-survivors are gone. The decisions are in SQL functions (``hookline.expire_inbox``) so that each
-pass is one transaction that locks the partition before it checks and drops it.
+The inbox is partitioned by ``received_at`` (migration 0011), outbox events and their deliveries
+by the event's ``created_at`` (migration 0018, the two tables on one grid). Like pg_partman, a
+job creates the partitions of the next periods before they are needed and drops old ones whole,
+so old rows leave without a long ``DELETE`` and without vacuum debt. Unlike a plain time-based
+drop, nothing that must be kept is ever dropped: a partition that still holds pending,
+processing or parked rows, or dead letters younger than their provider's or endpoint's
+``deadDays``, stays; only its rows past their own limit are deleted, in small batches like
+River's job cleaner, and the partition goes once the survivors are gone. The decisions are in SQL
+functions (``hookline.expire_inbox``, ``hookline.expire_outbox``) so that each pass is one
+transaction that locks a partition before it checks and drops it.
 
 Dedup keys (``hookline.inbox_keys``) have their own, usually longer window (``dedupDays``), and a
 key is never deleted while the partition of its event may still exist.
 
-The job runs on the leader of the inbox's maintenance scope only (``core/maintenance.py``).
+The job runs on the leader of the ``partitions`` maintenance scope only (``core/maintenance.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 import asyncpg
 
@@ -29,27 +32,37 @@ from hookline.core import db, metrics
 log = logging.getLogger(__name__)
 
 INBOX = "hookline.inbox"
+OUTBOX = "hookline.outbox"
+DELIVERIES = "hookline.deliveries"
 PARTITION_INTERVAL = 60.0  # seconds between the manager's passes
 BATCH = 5000  # rows per batch delete: short transactions, little WAL at once
 MAX_BATCHES = 20  # per pass; the rest waits for the next pass
+_PARTITION_SUFFIX = re.compile(r"_(p\d{8}_\d{6}|legacy|default)$")
 LOCK_WAIT = datetime.timedelta(seconds=1)  # longest a drop waits for its lock before deferring
 
 
 @dataclass(frozen=True, slots=True)
 class Retention:
-    """Default retention, for providers whose spec has no ``retention`` (chart: retention.*)."""
+    """Default retention, for providers whose spec has no ``retention`` (chart: retention.*) and
+    endpoints created without one (chart: retention.endpoints.*)."""
 
     done_hours: float = 72.0
     dead_days: float = 14.0
     dedup_days: float = 30.0
+    endpoint_done_hours: float = 72.0
+    endpoint_dead_days: float = 14.0
 
     @classmethod
     def from_env(cls) -> Retention:
-        """HOOKLINE_RETENTION_DONE_HOURS, _DEAD_DAYS and _DEDUP_DAYS (the chart's retention values)."""
+        """HOOKLINE_RETENTION_DONE_HOURS, _DEAD_DAYS, _DEDUP_DAYS and HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS,
+        _DEAD_DAYS (the chart's retention values)."""
         default = cls()
         return cls(done_hours=_positive("HOOKLINE_RETENTION_DONE_HOURS", default.done_hours),
                    dead_days=_positive("HOOKLINE_RETENTION_DEAD_DAYS", default.dead_days),
-                   dedup_days=_positive("HOOKLINE_RETENTION_DEDUP_DAYS", default.dedup_days))
+                   dedup_days=_positive("HOOKLINE_RETENTION_DEDUP_DAYS", default.dedup_days),
+                   endpoint_done_hours=_positive("HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS",
+                                                 default.endpoint_done_hours),
+                   endpoint_dead_days=_positive("HOOKLINE_ENDPOINT_RETENTION_DEAD_DAYS", default.endpoint_dead_days))
 
     @property
     def done(self) -> datetime.timedelta:
@@ -62,6 +75,14 @@ class Retention:
     @property
     def dedup(self) -> datetime.timedelta:
         return datetime.timedelta(days=self.dedup_days)
+
+    @property
+    def endpoint_done(self) -> datetime.timedelta:
+        return datetime.timedelta(hours=self.endpoint_done_hours)
+
+    @property
+    def endpoint_dead(self) -> datetime.timedelta:
+        return datetime.timedelta(days=self.endpoint_dead_days)
 
 
 def _positive(name: str, default: float) -> float:
@@ -79,13 +100,29 @@ def _positive(name: str, default: float) -> float:
 
 @dataclass
 class PassReport:
+    """What one retention pass over a table (the inbox, or the outbox with its deliveries) did."""
+
+    table: str
+    dropped: dict[str, int] = field(default_factory=dict)  # partition -> rows it held
+    deleted_from: dict[str, int] = field(default_factory=dict)  # table -> rows deleted in batches
+    keys_deleted: int = 0
+    deferred: list[str] = field(default_factory=list)
+    default_rows: dict[str, int] = field(default_factory=dict)  # default partition -> rows in it
+    kept: int = 0  # rows holding aged partitions back (pending, processing, parked, dead)
+
+    @property
+    def deleted(self) -> int:
+        return sum(self.deleted_from.values())
+
+
+@dataclass
+class ManagerReport:
+    """One pass of the partition manager."""
+
     created: list[str]
-    dropped: dict[str, int]
-    deleted: int
-    keys_deleted: int
-    deferred: list[str]
-    default_rows: int
-    kept: int = 0  # rows holding aged partitions back (pending, processing, dead)
+    inbox: PassReport
+    outbox: PassReport
+    deferred_by_age: list[str]
 
 
 def _query(name: str) -> str:
@@ -101,19 +138,26 @@ async def ensure_partitions(pool: asyncpg.Pool | asyncpg.Connection, table: str 
     return created
 
 
-async def expire_inbox(pool: asyncpg.Pool | asyncpg.Connection, retention: Retention,
-                       batch: int = BATCH) -> PassReport:
-    """Retention of inbox payloads and dedup keys: whole partitions dropped when nothing in them
-    must be kept, otherwise up to ``MAX_BATCHES`` batch deletes of rows past their own limit."""
-    report = PassReport([], {}, 0, 0, [], 0)
+async def _expire(pool: asyncpg.Pool | asyncpg.Connection, report: PassReport, statement: str,
+                  done: datetime.timedelta, dead: datetime.timedelta, batch: int) -> None:
+    """Passes of one retention function until a pass deletes less than a full batch (at most
+    ``MAX_BATCHES``; the rest waits for the next run)."""
     for _ in range(MAX_BATCHES):
         full = False
         report.kept = 0  # each pass counts them afresh; the last pass's count stands
-        for row in await pool.fetch(_query("expire_inbox"), retention.done, retention.dead, batch, LOCK_WAIT):
+        for row in await pool.fetch(_query(statement), done, dead, batch, LOCK_WAIT):
             _account(report, row["action"], row["target"], row["affected"])
             full = full or (row["action"] == "deleted" and row["affected"] >= batch)
         if not full:
             break
+
+
+async def expire_inbox(pool: asyncpg.Pool | asyncpg.Connection, retention: Retention,
+                       batch: int = BATCH) -> PassReport:
+    """Retention of inbox payloads and dedup keys: whole partitions dropped when nothing in them
+    must be kept, otherwise batch deletes of rows past their own limit."""
+    report = PassReport(INBOX)
+    await _expire(pool, report, "expire_inbox", retention.done, retention.dead, batch)
     for _ in range(MAX_BATCHES):
         deleted = await pool.fetchval(_query("expire_inbox_keys"), retention.dedup, batch)
         report.keys_deleted += deleted
@@ -123,36 +167,59 @@ async def expire_inbox(pool: asyncpg.Pool | asyncpg.Connection, retention: Reten
     return report
 
 
+async def expire_outbox(pool: asyncpg.Pool | asyncpg.Connection, retention: Retention,
+                        batch: int = BATCH) -> PassReport:
+    """Retention of outbox events and deliveries, per endpoint: a pair of partitions (events and
+    their deliveries) dropped whole when nothing in it must be kept, otherwise deliveries past
+    their endpoint's limits deleted in batches, then the events left with no delivery."""
+    report = PassReport(OUTBOX)
+    await _expire(pool, report, "expire_outbox", retention.endpoint_done, retention.endpoint_dead, batch)
+    _publish(report)
+    return report
+
+
 def _account(report: PassReport, action: str, target: str, affected: int) -> None:
     if action == "dropped":
         report.dropped[target] = affected
     elif action == "deleted":
-        report.deleted += affected
+        report.deleted_from[target] = report.deleted_from.get(target, 0) + affected
     elif action == "drop_deferred":
         report.deferred.append(target)
     elif action == "kept":
         report.kept += affected
     elif action == "default_rows":
-        report.default_rows = affected
+        report.default_rows[target] = affected
+
+
+def parent_of(partition: str) -> str:
+    """The partitioned table a partition of the manager's naming belongs to (``<parent>_p...``,
+    ``<parent>_legacy``, ``<parent>_default``)."""
+    return _PARTITION_SUFFIX.sub("", partition)
 
 
 def _publish(report: PassReport) -> None:
-    metrics.partitions_dropped.labels(INBOX).inc(len(report.dropped))
-    metrics.retention_rows.labels(INBOX, "dropped").inc(sum(report.dropped.values()))
-    metrics.retention_rows.labels(INBOX, "deleted").inc(report.deleted)
-    metrics.retention_rows.labels("hookline.inbox_keys", "deleted").inc(report.keys_deleted)
-    metrics.partition_rows_in_default.labels(INBOX).set(report.default_rows)
-    metrics.partition_rows_kept.labels(INBOX).set(report.kept)
+    for partition, rows in report.dropped.items():
+        metrics.partitions_dropped.labels(parent_of(partition)).inc()
+        metrics.retention_rows.labels(parent_of(partition), "dropped").inc(rows)
+    for table, rows in report.deleted_from.items():
+        metrics.retention_rows.labels(table, "deleted").inc(rows)
+    if report.table == INBOX:
+        metrics.retention_rows.labels("hookline.inbox_keys", "deleted").inc(report.keys_deleted)
+        metrics.partition_rows_in_default.labels(INBOX).set(report.default_rows.get("hookline.inbox_default", 0))
+    else:
+        for table in (OUTBOX, DELIVERIES):
+            metrics.partition_rows_in_default.labels(table).set(report.default_rows.get(f"{table}_default", 0))
+    metrics.partition_rows_kept.labels(report.table).set(report.kept)
     if report.dropped or report.deleted or report.keys_deleted:
-        log.info("inbox retention", extra={"dropped": report.dropped, "deleted": report.deleted,
-                                           "keys_deleted": report.keys_deleted})
+        log.info("retention", extra={"table": report.table, "dropped": report.dropped,
+                                     "deleted": report.deleted_from, "keys_deleted": report.keys_deleted})
     if report.deferred:
         log.info("partition drop deferred: its lock was not granted in time (busy readers); next pass",
                  extra={"partitions": report.deferred})
     if report.default_rows:
         log.warning("rows in the default partition: no partition covered their time; they are kept and "
                     "retained like any other, but partitions overlapping them cannot be created",
-                    extra={"table": INBOX, "rows": report.default_rows})
+                    extra={"table": report.table, "rows": report.default_rows})
 
 
 async def expire_by_age(pool: asyncpg.Pool | asyncpg.Connection) -> dict[str, list[str]]:
@@ -162,19 +229,18 @@ async def expire_by_age(pool: asyncpg.Pool | asyncpg.Connection) -> dict[str, li
     for row in await pool.fetch(_query("expire_by_age"), LOCK_WAIT):
         done[row["action"]].append(row["target"])
         if row["action"] == "dropped":
-            metrics.partitions_dropped.labels(row["target"].rsplit("_p", 1)[0]).inc()
+            metrics.partitions_dropped.labels(parent_of(row["target"])).inc()
     if done["dropped"]:
         log.info("aged partitions dropped", extra={"partitions": done["dropped"]})
     return done
 
 
-async def manage_partitions(pool: asyncpg.Pool | asyncpg.Connection, retention: Retention) -> PassReport:
+async def manage_partitions(pool: asyncpg.Pool | asyncpg.Connection, retention: Retention) -> ManagerReport:
     """One pass of the partition manager: create ahead for every partitioned table, then retention."""
     created = []
     for row in await pool.fetch(_query("partitioned_tables")):
         created += await ensure_partitions(pool, row["parent"])
-    report = await expire_inbox(pool, retention)
+    inbox = await expire_inbox(pool, retention)
+    outbox = await expire_outbox(pool, retention)
     dropped_by_age = await expire_by_age(pool)
-    report.created = created
-    report.deferred += dropped_by_age["drop_deferred"]
-    return report
+    return ManagerReport(created, inbox, outbox, dropped_by_age["drop_deferred"])

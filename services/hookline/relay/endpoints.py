@@ -42,6 +42,10 @@ class Endpoint:
     timeout: float
     enabled: bool
     circuit: Circuit
+    # Retention of its delivered events (hours) and dead letters (days); None: the install's
+    # default (chart retention.endpoints; applied by the partition manager, core/partitions.py).
+    done_hours: float | None = None
+    dead_days: float | None = None
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Endpoint:
@@ -50,6 +54,7 @@ class Endpoint:
             secrets=tuple(active_secrets(_json(row["secrets"]))),
             retry=RetryPolicy(row["max_attempts"], row["initial_delay_seconds"], row["max_delay_seconds"]),
             timeout=row["timeout_seconds"], enabled=row["enabled"], circuit=Circuit.from_row(row),
+            done_hours=row["retention_done_hours"], dead_days=row["retention_dead_days"],
         )
 
 
@@ -61,6 +66,18 @@ def _json(value: object) -> list[dict[str, object]]:
 def fingerprint(secret: str) -> str:
     """A short, non-reversible name for a secret, safe to print."""
     return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:12]
+
+
+# Upper limits of an endpoint's retention, as for providers (core/provider_spec.py): ten years.
+MAX_DONE_HOURS, MAX_DEAD_DAYS = 87600.0, 3650.0
+
+
+def validate_retention(done_hours: float | None, dead_days: float | None) -> None:
+    """None keeps the install's default; otherwise a positive number up to ten years."""
+    for flag, value, limit in (("--done-hours", done_hours, MAX_DONE_HOURS),
+                               ("--dead-days", dead_days, MAX_DEAD_DAYS)):
+        if value is not None and not 0 < value <= limit:
+            raise EndpointError(f"{flag} must be greater than 0 and at most {limit:g}, not {value:g}")
 
 
 def validate(name: str, url: str, event_types: Sequence[str], secret: str | None) -> None:
@@ -83,14 +100,17 @@ def validate(name: str, url: str, event_types: Sequence[str], secret: str | None
 
 async def add(conn: asyncpg.Connection, name: str, url: str, *, event_types: Sequence[str] = (),
               ordered: bool = False, secret: str | None = None, max_attempts: int = 12,
-              initial_delay: float = 5.0, max_delay: float = 3600.0, timeout_seconds: float = 10.0) -> str:
+              initial_delay: float = 5.0, max_delay: float = 3600.0, timeout_seconds: float = 10.0,
+              done_hours: float | None = None, dead_days: float | None = None) -> str:
     """Create an endpoint; return its secret (generated unless given)."""
     validate(name, url, event_types, secret)
+    validate_retention(done_hours, dead_days)
     secret = secret or get_scheme("standard-webhooks").generate_secret()
 
     stored = await conn.fetchval(
         outbox.query("insert_endpoint"), name, url, list(event_types) or ["*"], ordered,
         json.dumps([{"value": secret, "notAfter": None}]), max_attempts, initial_delay, max_delay, timeout_seconds,
+        done_hours, dead_days,
     )
     if stored is None:
         raise EndpointError(f"an endpoint named {name!r} exists already (delete it first)")
@@ -99,6 +119,13 @@ async def add(conn: asyncpg.Connection, name: str, url: str, *, event_types: Seq
 
 async def load(conn: asyncpg.Connection | asyncpg.Pool) -> list[Endpoint]:
     return [Endpoint.from_row(r) for r in await conn.fetch(outbox.query("list_endpoints"))]
+
+
+async def set_retention(conn: asyncpg.Connection, name: str, done_hours: float | None,
+                        dead_days: float | None) -> bool:
+    """Set an endpoint's retention (None: the install's default); False when there is no such endpoint."""
+    validate_retention(done_hours, dead_days)
+    return await conn.fetchval(outbox.query("set_endpoint_retention"), name, done_hours, dead_days) is not None
 
 
 async def delete(conn: asyncpg.Connection, name: str) -> bool:

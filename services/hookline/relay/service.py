@@ -32,7 +32,7 @@ import asyncpg
 from aiohttp import web
 
 from hookline import outbox
-from hookline.core import delivery, http, metrics, tracing
+from hookline.core import delivery, http, metrics, partitions, tracing
 from hookline.core.batching import Batcher
 from hookline.core.consumer import LeasedConsumer, write_completion
 from hookline.core.dedicated import DedicatedConnection
@@ -50,7 +50,6 @@ from hookline.relay.endpoints import Endpoint
 log = logging.getLogger(__name__)
 
 RESPONSE_STORED = 1000  # characters of an answer kept in deliveries.last_response
-RETENTION_INTERVAL = 60.0  # seconds between retention passes
 
 
 @dataclass(frozen=True)
@@ -107,7 +106,7 @@ class Relay(LeasedConsumer):
 
     def __init__(self, pool: asyncpg.Pool, *, concurrency: int = 64, allow_private_networks: bool = False,
                  host: str = "0.0.0.0", port: int | None = None, poll_interval: float = 1.0,
-                 lease_seconds: float = 60.0, grace_period: float = 25.0, retention_hours: float = 72.0,
+                 lease_seconds: float = 60.0, grace_period: float = 25.0, retention_hours: float | None = None,
                  breaker: BreakerSettings | None = None, sweep_interval: float = 5.0,
                  stats_interval: float = 5.0, worker_id: str | None = None,
                  listener: Listener | None = None, leader_connection: DedicatedConnection | None = None,
@@ -119,19 +118,22 @@ class Relay(LeasedConsumer):
         self.allow_private_networks = allow_private_networks
         self.host, self.port = host, port
         self.lease_seconds = lease_seconds
-        self.retention_seconds = retention_hours * 3600
         self.breaker_settings = breaker or BreakerSettings()
-        # Rescuing leases and retention run on the relays' elected leader; each relay its own gauges.
+        # Rescuing leases runs on the relays' elected leader; each relay its own gauges.
         self.maintainer = Maintainer("outbox", [
             lease_rescuer(pool, lambda: {e.name: e.retry for e in self._endpoints.values()}, OUTBOX,
                           sweep_interval, swept=self._swept),
             Job("outbox-stats", self.refresh_stats, stats_interval, per_process=True),
-            Job("outbox-cleaner", self.run_retention, RETENTION_INTERVAL),
         ], leader_connection or DedicatedConnection(pool))
-        # The inbox's partition manager (core/partitions.py) runs here too: relays hold the full
-        # credential in every install (the chart's worker pods log in as tenants), and the "inbox"
-        # "partitions" scope's lock lets one process of the whole install do it, relay or `worker --sweep`.
-        self.inbox_maintainer = partitions_maintainer(pool, partitions_connection or DedicatedConnection(pool))
+        # The partition manager (core/partitions.py: partitions ahead, retention of the inbox and of
+        # the outbox) runs here too: relays hold the full credential in every install (the chart's
+        # worker pods log in as tenants), and the "partitions" scope's lock lets one process of the
+        # whole install do it, relay or `worker --sweep`. retention_hours: the endpoints' default.
+        retention = partitions.Retention.from_env()
+        if retention_hours is not None:
+            retention = dataclasses.replace(retention, endpoint_done_hours=retention_hours)
+        self.inbox_maintainer = partitions_maintainer(pool, partitions_connection or DedicatedConnection(pool),
+                                                      retention)
         self.completer = Completer(pool, self.worker_id)
         self.outcomes = OutcomeRecorder(pool, self.breaker_settings, self._circuits_changed)
         self.session = delivery.create_session(allow_private_networks=allow_private_networks,
@@ -380,23 +382,6 @@ class Relay(LeasedConsumer):
             metrics.relay_dead.labels(partition).inc(count)
         if result.total:
             self.wake()
-
-    async def run_retention(self, batch: int = 500) -> int:
-        """Delete delivered events older than the retention age, one short transaction per batch."""
-        if self.retention_seconds <= 0:
-            return 0
-        total = 0
-        while not self.stopping:
-            status = await self.pool.execute(outbox.query("retention"), self.retention_seconds, batch)
-            deleted = int(status.split()[-1])
-            total += deleted
-            if deleted < batch:
-                break
-            await asyncio.sleep(0.05)  # let other writers in between batches
-        if total:
-            metrics.outbox_retention_deleted.inc(total)
-            log.info("retention deleted delivered events", extra={"count": total})
-        return total
 
     async def refresh_stats(self) -> None:
         stats = await OUTBOX.stats(self.pool)

@@ -1,6 +1,7 @@
--- The outbox's own SQL (endpoints, delivery bookkeeping, retention), loaded by
+-- The outbox's own SQL (endpoints, delivery bookkeeping), loaded by
 -- hookline.outbox.query(name). Claiming, leases, retries, dead letters and
--- replay are the shared queue mechanics in queue.sql (hookline.core.queue.OUTBOX).
+-- replay are the shared queue mechanics in queue.sql (hookline.core.queue.OUTBOX);
+-- retention is the partition manager's (hookline.expire_outbox, partitions.sql).
 
 -- name: publish
 -- hookline.outbox.publish: the event as JSON text, cast here, so that it works
@@ -12,14 +13,20 @@ FROM (SELECT set_config('hookline.traceparent', coalesce($6::text, ''), true)) A
 
 -- name: insert_endpoint
 INSERT INTO hookline.endpoints (name, url, event_types, ordered, secrets, max_attempts, initial_delay_seconds,
-                                max_delay_seconds, timeout_seconds)
+                                max_delay_seconds, timeout_seconds, retention_done_hours, retention_dead_days)
 -- secrets arrive as JSON text and are cast here, with or without a jsonb codec on the connection.
-VALUES ($1, $2, $3, $4, $5::text::jsonb, $6, $7, $8, $9)
+VALUES ($1, $2, $3, $4, $5::text::jsonb, $6, $7, $8, $9, $10, $11)
 ON CONFLICT (name) DO NOTHING
 RETURNING name;
 
 -- name: list_endpoints
 SELECT * FROM hookline.endpoints ORDER BY name;
+
+-- name: set_endpoint_retention
+-- Hours its delivered events and days its dead letters are kept (NULL: the install's
+-- default); hookline.expire_outbox applies them.
+UPDATE hookline.endpoints SET retention_done_hours = $2, retention_dead_days = $3 WHERE name = $1
+RETURNING name;
 
 -- name: delete_endpoint
 -- Its deliveries go with it (ON DELETE CASCADE); the events stay for the others.
@@ -135,12 +142,19 @@ SELECT pg_notify('hookline_endpoints', 'circuit');
 UPDATE hookline.endpoints SET circuit_open_until = NULL WHERE name = $1 AND circuit_state = 'half_open';
 
 -- name: undelivered_age
--- Age of the oldest event each endpoint has not received yet (pending, in flight or parked).
-SELECT endpoint, extract(epoch FROM now() - min(created_at)) AS seconds, count(*) FILTER (WHERE status = 'parked')
-       AS parked
-FROM hookline.deliveries
-WHERE status IN ('pending', 'processing', 'parked')
-GROUP BY endpoint;
+-- Age of the oldest event each endpoint has not received yet (pending, in flight or parked),
+-- and how many are parked: per endpoint, the first entry of deliveries_undelivered_idx of each
+-- partition and a count of deliveries_parked_idx, never the delivered history.
+SELECT e.name AS endpoint, extract(epoch FROM now() - u.oldest) AS seconds, p.parked
+FROM hookline.endpoints AS e
+CROSS JOIN LATERAL (
+    SELECT min(d.created_at) AS oldest FROM hookline.deliveries AS d
+    WHERE d.endpoint = e.name AND d.status IN ('pending', 'processing', 'parked')
+) AS u
+CROSS JOIN LATERAL (
+    SELECT count(*) AS parked FROM hookline.deliveries AS d WHERE d.endpoint = e.name AND d.status = 'parked'
+) AS p
+WHERE u.oldest IS NOT NULL;
 
 -- name: list_dead
 SELECT d.id, d.endpoint, o.event_id, o.event_type, d.attempts, d.processed_at, d.last_status, d.last_error
@@ -151,21 +165,6 @@ WHERE d.status = 'dead'
   AND ($3::timestamptz IS NULL OR d.processed_at < $3)
 ORDER BY d.endpoint, d.id
 LIMIT $4;
-
--- name: retention
--- Delete one batch of events older than $1 seconds whose every delivery is done
--- (events that matched no endpoint included). Dead, parked and pending deliveries
--- keep their event. SKIP LOCKED and a small batch keep each transaction short;
--- the deliveries go by ON DELETE CASCADE.
-WITH old AS (
-    SELECT o.id FROM hookline.outbox AS o
-    WHERE o.created_at < now() - make_interval(secs => $1)
-      AND NOT EXISTS (SELECT 1 FROM hookline.deliveries AS d WHERE d.outbox_id = o.id AND d.status <> 'done')
-    ORDER BY o.created_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM hookline.outbox AS o USING old WHERE o.id = old.id;
 
 -- name: rotate_endpoint_secret
 -- The new secret ($2) signs from now on; the secrets valid so far keep signing

@@ -1,6 +1,6 @@
 -- The partition manager's statements (hookline.core.partitions), loaded by
 -- hookline.core.db.query(name, "partitions.sql"). The work itself is in the
--- functions of migration 0011, so that each pass is one statement and one
+-- functions of migrations 0011, 0012 and 0018, so that each pass is one statement and one
 -- transaction whatever the partition names are.
 
 -- name: ensure_partitions
@@ -12,6 +12,17 @@ SELECT created FROM hookline.ensure_partitions($1::text) AS created;
 -- One retention pass over the inbox's partitions: drops, deferred drops, batch
 -- deletes and rows found in the default partition, one row each.
 SELECT action, target, affected FROM hookline.expire_inbox($1::interval, $2::interval, $3::integer, $4::interval);
+
+-- name: expire_outbox
+-- One retention pass over the outbox's partition pairs (events and their deliveries,
+-- migration 0018), per endpoint: drops, deferred drops, batch deletes, rows found in
+-- the default partitions, one row each.
+SELECT action, target, affected FROM hookline.expire_outbox($1::interval, $2::interval, $3::integer, $4::interval);
+
+-- name: set_outbox_partition_width
+-- The width and premake of the outbox's and deliveries' future partitions, both at once
+-- (they must stay on one grid: retention drops them in pairs).
+SELECT hookline.set_outbox_partition_width($1::interval, $2::integer);
 
 -- name: expire_inbox_keys
 -- Up to $2 dedup keys past their window and older than every stored event.
