@@ -63,6 +63,8 @@ def test_every_problem_is_reported_at_once() -> None:
         ({"receiver": {"ingress": {"hosts": [{"host": "h", "paths": [{"path": "x", "pathType": "Prefix"}]}]}}},
          "/receiver/ingress/hosts/0/paths/0/path"),
         ({"logLevel": "verbose"}, "/logLevel"),
+        ({"retention": {"endpoints": {"doneHours": 0}}}, "/retention/endpoints/doneHours"),
+        ({"retention": {"endpoints": {"deadDay": 3}}}, "'deadDay'"),
     ],
 )
 def test_other_mistakes_are_named(values: Obj, where: str) -> None:
