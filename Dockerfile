@@ -12,8 +12,8 @@
 # Build:  docker build -t hookline:dev .                      (the operator image)
 #         docker build --target service -t hookline-service:dev .
 #         make images   (podman, no Docker engine, no registry: a debootstrapped Debian base; tests/images/)
-# tests/chart/test_dockerfile.py replays the build stages (COPY/RUN/ENV/WORKDIR) in temporary
-# virtualenvs and checks the file's rules, since the development machines have no Docker engine.
+# tests/chart/test_dockerfile.py checks the file's rules and replays the build stages in temporary
+# virtualenvs (no container tool needed); tests/images/test_images.py runs the built images.
 
 # An exact version tag, never a floating one. For reproducible builds, pin the digest too
 # (python:3.11.14-slim-bookworm@sha256:...) and let a bot such as Renovate bump both.
