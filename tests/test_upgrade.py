@@ -1,9 +1,11 @@
-"""Upgrading in place to the partitioned inbox (migration 0011): a database populated through the
-previous schema keeps every event, its id and its state; duplicates of old events are still
-recognised; workers then process what was pending or leased, and leave done and dead alone."""
+"""Upgrading in place to the partitioned inbox (migration 0011) and outbox (0018): a database
+populated through the previous schema keeps every event, its id and its state; duplicates of old
+events are still recognised; workers and relays then process what was pending or leased, and
+leave done, dead and parked alone."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,9 +13,12 @@ import asyncpg
 import pytest
 
 from hookline.core import db, migrations
+from hookline.core.signatures import get_scheme
+from support.endpoints import TestEndpoint
+from support.endpoints import wait_for as wait_until
 from support.inbox import apply_provider, create_effect_tables, wait_for
 from support.postgres import PgServer
-from support.processes import worker
+from support.processes import relay, worker
 
 PREVIOUS_SCHEMA = 10
 
@@ -91,3 +96,88 @@ leaseSeconds: 5
     assert effects == ["new-1", "pending-1", "pending-2", "processing-1"]
     assert states == {"pending-1": "done", "pending-2": "done", "processing-1": "done", "new-1": "done",
                       "done-1": "done", "dead-1": "dead"}
+
+
+# --- The outbox partitioned with its deliveries (migration 0018) -------------------------------------
+
+OUTBOX_SCHEMA = 15
+
+# Deliveries in every state, as the schema-15 relay left them: `live` is the endpoint a real
+# relay delivers to afterwards, `off` was disabled by a 410 (its deliveries parked).
+OLD_DELIVERY_STATES = """
+UPDATE hookline.deliveries AS d SET status = s.status, attempts = s.attempts, processed_at = s.processed_at,
+       lease_expires_at = s.lease_expires_at, locked_by = s.locked_by, last_error = s.last_error
+FROM hookline.outbox AS o, (VALUES
+    ('pending', 'pending', 0, NULL::timestamptz, NULL::timestamptz, NULL, NULL),
+    ('retrying', 'pending', 2, NULL, NULL, NULL, 'HTTP 503'),
+    ('in-flight', 'processing', 1, NULL, now() - interval '1 minute', 'relay-gone', NULL),
+    ('delivered', 'done', 1, now(), NULL, NULL, NULL),
+    ('given-up', 'dead', 12, now(), NULL, NULL, 'HTTP 500')
+) AS s(tag, status, attempts, processed_at, lease_expires_at, locked_by, last_error)
+WHERE o.id = d.outbox_id AND o.payload->>'tag' = s.tag AND d.endpoint = 'live'
+"""
+
+DELIVERIES_SNAPSHOT = """
+SELECT d.id, d.outbox_id, d.endpoint, d.status, d.attempts, d.created_at, o.event_id, o.payload, o.created_at
+FROM hookline.deliveries AS d JOIN hookline.outbox AS o ON o.id = d.outbox_id ORDER BY d.id
+"""
+
+
+async def test_upgrade_keeps_every_outbox_event_and_delivery_and_a_relay_delivers(old_database: str,
+                                                                                  log_dir: Path) -> None:
+    secret = get_scheme("standard-webhooks").generate_secret()
+    async with TestEndpoint(secret) as live:
+        conn = await asyncpg.connect(old_database)
+        try:
+            await migrations.migrate(conn, up_to=OUTBOX_SCHEMA)
+            await conn.execute(
+                "INSERT INTO hookline.endpoints (name, url, event_types, secrets, enabled, initial_delay_seconds) "
+                "VALUES ('live', $1, '{t}', $2::text::jsonb, true, 0), "
+                "('off', 'https://off.example.com/', '{t}', $2::text::jsonb, false, 0)",
+                live.url, json.dumps([{"value": secret, "notAfter": None}]))
+            for tag in ("pending", "retrying", "in-flight", "delivered", "given-up"):
+                await conn.execute("SELECT hookline.publish('t', jsonb_build_object('tag', $1::text))", tag)
+            await conn.execute("SELECT hookline.publish('unwanted', '{\"tag\": \"nobody\"}')")
+            await conn.execute(OLD_DELIVERY_STATES)
+            before = [dict(r) for r in await conn.fetch(DELIVERIES_SNAPSHOT)]
+            events_before = await conn.fetchval("SELECT count(*) FROM hookline.outbox")
+
+            applied = await migrations.migrate(conn)
+            assert any(name.startswith("0018_") for name in applied)
+
+            assert [dict(r) for r in await conn.fetch(DELIVERIES_SNAPSHOT)] == before
+            assert await conn.fetchval("SELECT count(*) FROM hookline.outbox") == events_before == 6
+            assert [r["relkind"] for r in await conn.fetch(
+                "SELECT relkind::text FROM pg_class WHERE oid IN ('hookline.outbox'::regclass, "
+                "'hookline.deliveries'::regclass)")] == ["p", "p"]
+            assert {r["state"] for r in await conn.fetch(
+                "SELECT status AS state FROM hookline.deliveries WHERE endpoint = 'off'")} == {"parked"}
+            # A new event is published after the old ids, into today's partition.
+            await conn.execute("SELECT hookline.publish('t', '{\"tag\": \"new\"}')")
+            assert await conn.fetchval("SELECT min(id) FROM hookline.outbox WHERE payload->>'tag' = 'new'") > max(
+                r["outbox_id"] for r in before)
+        finally:
+            await conn.close()
+
+        service = relay(old_database, log_dir, "--allow-private-networks")
+        try:
+            # pending, retrying, the expired lease (swept, then sent alone) and the new event.
+            await wait_until(lambda: len({r.webhook_id for r in live.received}) == 4, timeout=90)
+            conn = await asyncpg.connect(old_database)
+            try:
+                await wait_for(conn, "SELECT count(*) FROM hookline.deliveries WHERE endpoint = 'live' "
+                                     "AND status = 'done'", 5, timeout=30)
+                states = {(r["tag"], r["endpoint"]): r["status"] for r in await conn.fetch(
+                    "SELECT o.payload->>'tag' AS tag, d.endpoint, d.status FROM hookline.deliveries AS d "
+                    "JOIN hookline.outbox AS o ON o.id = d.outbox_id")}
+            finally:
+                await conn.close()
+        finally:
+            assert service.stop() == 0
+    assert sorted({r.body["data"]["tag"] for r in live.received if r.status == 200}) == [
+        "in-flight", "new", "pending", "retrying"]
+    assert {k: v for k, v in states.items() if k[1] == "live"} == {
+        ("pending", "live"): "done", ("retrying", "live"): "done", ("in-flight", "live"): "done",
+        ("delivered", "live"): "done", ("given-up", "live"): "dead", ("new", "live"): "done"}
+    assert {v for k, v in states.items() if k[1] == "off"} == {"parked"}
+
