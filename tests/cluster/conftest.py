@@ -1,0 +1,40 @@
+"""Fixtures for the tests that run pods on a real single-node cluster (tests/cluster/README.md).
+
+`cluster` (session): etcd, kube-apiserver, kube-controller-manager, kube-scheduler, CoreDNS, kube-proxy,
+containerd and a kubelet on this machine, with the images imported; torn down at the end of the session.
+Without the binaries, packages or images the tests are skipped with how to get them, unless
+HOOKLINE_REQUIRE_CLUSTER=1 (CI), which makes that a failure. Every test here carries the `cluster` marker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+# tests/ is not a package; make tests/cluster/cluster.py importable from here.
+sys.path.insert(0, str(HERE))
+
+from cluster import ENABLE_ADVICE, Cluster, find_parts, missing_parts  # noqa: E402
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    missing = missing_parts()
+    if missing:
+        message = f"no local cluster: missing {'; '.join(missing)}. {ENABLE_ADVICE}"
+        if os.environ.get("HOOKLINE_REQUIRE_CLUSTER") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    with Cluster(find_parts()) as running:
+        yield running
