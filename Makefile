@@ -98,7 +98,7 @@ cluster: envtest  ## build the local cluster's kubelet, control plane, CoreDNS a
 		echo "cluster: no Go toolchain; the cluster tests will be skipped (HOOKLINE_REQUIRE_CLUSTER=1 makes that an error)"; \
 	fi
 
-cluster-up: $(STAMP) cluster  ## start the local single-node cluster (prints KUBECONFIG; Ctrl-C or make cluster-down stops it); run make images first
+cluster-up: $(STAMP) cluster images  ## start the local single-node cluster with the images (prints KUBECONFIG; Ctrl-C or make cluster-down stops it)
 	$(BIN)/python tests/cluster/cluster.py up
 
 cluster-down:  ## stop the cluster make cluster-up started
