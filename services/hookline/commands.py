@@ -205,7 +205,9 @@ async def relay(args: argparse.Namespace) -> int:
         return _fail("--retention-hours must be greater than 0")
     allow_private = args.allow_private_networks or env_flag("HOOKLINE_ALLOW_PRIVATE_NETWORKS")
     # The pool, the LISTEN connection and the outbox's and partitions' leader locks: pools.relay in all.
-    pool = await db.create_pool(max_size=pools.pool_size(pools.relay(args.concurrency), locks=pools.RELAY_LOCKS))
+    # Lean: no reset round trip per release (nothing in the relay leaves session state behind).
+    pool = await db.create_pool(max_size=pools.pool_size(pools.relay(args.concurrency), locks=pools.RELAY_LOCKS),
+                                lean=True)
     listener = Listener(DedicatedConnection())
     service = Relay(pool, concurrency=args.concurrency, allow_private_networks=allow_private,
                     host=args.host, port=args.port, poll_interval=args.poll_interval,

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import functools
+from typing import TypeVar
+
 import asyncpg
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.metrics import MetricWrapperBase
 
 # The *_created series double the output and nobody alerts on them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+@functools.lru_cache(maxsize=4096)
+def child(metric: M, *labels: str) -> M:
+    """``metric.labels(*labels)``, looked up once per label set: the receiver and the relay count per
+    event, and ``labels`` validates, locks and hashes every time. Only for label sets of bounded number
+    (providers, endpoints, outcomes), and never for a metric whose children are removed."""
+    return metric.labels(*labels)
+
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 

@@ -130,9 +130,15 @@ def _wire(text: str, name: str) -> bytes:
         raise _malformed(name, "a UTF-8 value") from None
 
 
+@lru_cache(maxsize=256)
+def _keyed_sha256(key: bytes) -> hmac.HMAC:
+    """An HMAC-SHA256 primed with ``key``; copies of it skip the key schedule (per request otherwise)."""
+    return hmac.new(key, digestmod="sha256")
+
+
 def _hmac(key: bytes, *parts: bytes) -> bytes:
     # Parts are fed separately so a large body is never copied into a new buffer.
-    mac = hmac.new(key, digestmod=hashlib.sha256)
+    mac = _keyed_sha256(key).copy()
     for part in parts:
         mac.update(part)
     return mac.digest()

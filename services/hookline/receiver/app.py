@@ -103,8 +103,8 @@ async def receive(request: web.Request) -> web.Response:
     provider = request.app[REGISTRY_KEY].get(name)
     label = name if provider else "unknown"
     response = await _receive(request, name, provider)
-    metrics.inbox_received.labels(label, response.get("outcome", str(response.status))).inc()
-    metrics.receiver_latency.labels(label).observe(time.perf_counter() - started)
+    metrics.child(metrics.inbox_received, label, response.get("outcome", str(response.status))).inc()
+    metrics.child(metrics.receiver_latency, label).observe(time.perf_counter() - started)
     return response
 
 

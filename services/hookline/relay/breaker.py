@@ -24,8 +24,8 @@ Decisions are made here, in plain functions of (row, outcomes, now) that tests c
 call; a short transaction locks the endpoint rows (``lock_circuits``), decides with
 the database's clock and stores the result (``store_circuits``), so every relay
 applies the same rule to the same numbers and exactly one of them makes (and
-reports) each transition. ``OutcomeRecorder`` counts attempts in batches, in the
-order their answers arrived.
+reports) each transition. The relay's ``Bookkeeper`` (relay/service.py) counts
+attempts in batches, in the order their answers arrived.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ import asyncpg
 
 from hookline import outbox
 from hookline.core import metrics
-from hookline.core.batching import Batcher
 
 log = logging.getLogger(__name__)
 
@@ -256,45 +255,6 @@ async def release_probe(pool: asyncpg.Pool, endpoint: str) -> None:
 
 
 CircuitsChanged = Callable[[list[CircuitUpdate]], None]
-
-
-class OutcomeRecorder:
-    """Counts attempt outcomes in the order their answers arrived, a batch per transaction
-    (the shared group-commit ``Batcher``), and hands the resulting circuits to ``on_circuits``.
-
-    Why one queue for successes and failures, apart from the deliveries' own bookkeeping:
-    booked there (successes in the 5 ms completion batch, failures one transaction each),
-    failures reached the window first, and a relay with 64 attempts in flight counted 20
-    failures and no success from an endpoint that fails every other attempt: it opened.
-    """
-
-    def __init__(self, pool: asyncpg.Pool, settings: BreakerSettings, on_circuits: CircuitsChanged) -> None:
-        self._pool, self._settings, self._on_circuits = pool, settings, on_circuits
-        self._batcher: Batcher[tuple[str, bool, bool], None] = Batcher(
-            self._write, name="relay-circuits", max_batch=1000, window=0.005)
-
-    def start(self) -> None:
-        self._batcher.start()
-
-    async def stop(self) -> None:
-        await self._batcher.stop()
-
-    async def record(self, endpoint: str, *, ok: bool, probe: bool) -> None:
-        """Count one attempt. The breaker is advisory: if the count cannot be written (Postgres
-        away), the delivery's own bookkeeping goes on and the circuit decides on later counts."""
-        try:
-            await self._batcher.submit((endpoint, ok, probe))
-        except Exception as exc:
-            log.warning("circuit breaker count failed", extra={"endpoint": endpoint, "error": str(exc)[:300]})
-
-    async def _write(self, batch: list[tuple[str, bool, bool]]) -> list[None]:
-        outcomes: dict[str, Outcomes] = {}
-        for endpoint, ok, probe in batch:
-            outcomes[endpoint] = outcomes.get(endpoint, Outcomes()).plus(ok=ok, probe=probe)
-        async with self._pool.acquire() as conn, conn.transaction():
-            updates = await record_outcomes(conn, self._settings, outcomes)
-        self._on_circuits(updates)
-        return [None] * len(batch)
 
 
 def report(update: CircuitUpdate) -> None:

@@ -44,7 +44,7 @@ from hookline.core.queue import OUTBOX, SweepResult, make_worker_id, truncate_er
 from hookline.core.signatures import sign_standard_webhooks
 from hookline.relay import breaker
 from hookline.relay import endpoints as endpoints_mod
-from hookline.relay.breaker import BreakerSettings, CircuitState, CircuitUpdate, OutcomeRecorder
+from hookline.relay.breaker import BreakerSettings, CircuitState, CircuitUpdate
 from hookline.relay.endpoints import Endpoint
 
 log = logging.getLogger(__name__)
@@ -63,21 +63,44 @@ class Claimed:
     traceparent: str | None = None  # the publisher's trace context (core/tracing.py)
 
 
-def envelope(event_type: str, created_at: datetime, payload: object) -> bytes:
-    """The Standard Webhooks body: the same bytes on every attempt (the stored event does not change)."""
+def envelope(event_type: str, created_at: datetime, payload_json: str) -> bytes:
+    """The Standard Webhooks body: the same bytes on every attempt (the stored event does not change).
+    ``payload_json`` is the stored payload as Postgres prints it, spliced in rather than decoded and
+    encoded again (one per delivery)."""
     timestamp = created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return json.dumps({"type": event_type, "timestamp": timestamp, "data": payload},
-                      separators=(",", ":"), ensure_ascii=False).encode()
+    event_type_json = json.dumps(event_type, ensure_ascii=False)
+    return f'{{"type":{event_type_json},"timestamp":"{timestamp}","data":{payload_json}}}'.encode()
 
 
-class Completer:
-    """Successful deliveries booked in batches (the shared group-commit ``Batcher``): one
-    transaction marks a batch done and stores each answer."""
+@dataclass(frozen=True)
+class Booking:
+    """What one attempt ended with: its outcome for the endpoint's circuit and, when it was
+    delivered, the delivery and its answer to book done."""
 
-    def __init__(self, pool: asyncpg.Pool, worker_id: str, max_batch: int = 500, window: float = 0.005) -> None:
+    endpoint: str
+    ok: bool
+    probe: bool
+    delivered: tuple[Claimed, DeliveryResult] | None = None
+
+
+class Bookkeeper:
+    """The relay's bookkeeping in batches (the shared group-commit ``Batcher``): one transaction per
+    batch marks the delivered ones done with their answers, then counts every attempt's outcome for
+    its endpoint's circuit (``relay/breaker.py``).
+
+    Why successes and failures share one queue, in the order their answers arrived: counted apart
+    (successes in a completion batch, failures one transaction each), failures reached the circuit
+    first, and a relay with 64 attempts in flight counted 20 failures and no success from an endpoint
+    that fails every other attempt: it opened. Why completions and counts share a transaction: one
+    connection, BEGIN and COMMIT per batch instead of two (the relay's CPU per delivery).
+    """
+
+    def __init__(self, pool: asyncpg.Pool, worker_id: str, settings: BreakerSettings,
+                 on_circuits: breaker.CircuitsChanged, max_batch: int = 500, window: float = 0.005) -> None:
         self._pool, self._worker_id = pool, worker_id
-        self._batcher: Batcher[tuple[Claimed, DeliveryResult], bool] = Batcher(
-            self._write, name="relay-completions", max_batch=max_batch, window=window)
+        self._settings, self._on_circuits = settings, on_circuits
+        self._batcher: Batcher[Booking, bool] = Batcher(self._write, name="relay-bookkeeping", max_batch=max_batch,
+                                                        window=window)
 
     def start(self) -> None:
         self._batcher.start()
@@ -85,20 +108,39 @@ class Completer:
     async def stop(self) -> None:
         await self._batcher.stop()
 
-    async def complete(self, claimed: Claimed, result: DeliveryResult) -> bool:
-        """True when booked; False when the lease was lost meanwhile (someone else books that attempt)."""
-        return await self._batcher.submit((claimed, result))
+    async def delivered(self, claimed: Claimed, result: DeliveryResult) -> bool:
+        """Book a delivered attempt (and count it): True when booked; False when the lease was lost
+        meanwhile (someone else books that attempt). Raises when the batch could not be written."""
+        return await self._batcher.submit(Booking(claimed.endpoint.name, True, claimed.probe, (claimed, result)))
 
-    async def _write(self, batch: list[tuple[Claimed, DeliveryResult]]) -> list[bool]:
+    async def count(self, endpoint: str, *, ok: bool, probe: bool) -> None:
+        """Count an attempt that is booked elsewhere. The breaker is advisory: if the count cannot be
+        written (Postgres away), the delivery's own bookkeeping goes on and the circuit decides on later counts."""
+        try:
+            await self._batcher.submit(Booking(endpoint, ok, probe))
+        except Exception as exc:
+            log.warning("circuit breaker count failed", extra={"endpoint": endpoint, "error": str(exc)[:300]})
+
+    async def _write(self, batch: list[Booking]) -> list[bool]:
+        delivered = [b.delivered for b in batch if b.delivered is not None]
+        outcomes: dict[str, breaker.Outcomes] = {}
+        for b in batch:
+            outcomes[b.endpoint] = outcomes.get(b.endpoint, breaker.Outcomes()).plus(ok=b.ok, probe=b.probe)
         async with self._pool.acquire() as conn, conn.transaction():
-            done = await OUTBOX.complete(conn, [(c.id, c.attempts) for c, _ in batch], self._worker_id)
-            booked = [(c, r) for c, r in batch if c.id in done]
-            await conn.execute(
-                outbox.query("record_responses"), [c.id for c, _ in booked], [r.status for _, r in booked],
-                [r.body[:RESPONSE_STORED] for _, r in booked], [r.latency * 1000 for _, r in booked],
-            )
-        return [c.id in done for c, _ in batch]
+            done = await self._complete(conn, delivered) if delivered else set()
+            # Last: the endpoint rows it locks stay locked until the commit, and relays take turns.
+            updates = await breaker.record_outcomes(conn, self._settings, outcomes)
+        self._on_circuits(updates)
+        return [b.delivered is None or b.delivered[0].id in done for b in batch]
 
+    async def _complete(self, conn: asyncpg.Connection, delivered: list[tuple[Claimed, DeliveryResult]]) -> set[int]:
+        done = await OUTBOX.complete(conn, [(c.id, c.attempts) for c, _ in delivered], self._worker_id)
+        booked = [(c, r) for c, r in delivered if c.id in done]
+        await conn.execute(
+            outbox.query("record_responses"), [c.id for c, _ in booked], [r.status for _, r in booked],
+            [r.body[:RESPONSE_STORED] for _, r in booked], [r.latency * 1000 for _, r in booked],
+        )
+        return done
 
 
 class Relay(LeasedConsumer):
@@ -134,8 +176,7 @@ class Relay(LeasedConsumer):
             retention = dataclasses.replace(retention, endpoint_done_hours=retention_hours)
         self.inbox_maintainer = partitions_maintainer(pool, partitions_connection or DedicatedConnection(pool),
                                                       retention)
-        self.completer = Completer(pool, self.worker_id)
-        self.outcomes = OutcomeRecorder(pool, self.breaker_settings, self._circuits_changed)
+        self.bookkeeper = Bookkeeper(pool, self.worker_id, self.breaker_settings, self._circuits_changed)
         self.session = delivery.create_session(allow_private_networks=allow_private_networks,
                                                connections=concurrency)
         self._endpoints: dict[str, Endpoint] = {}
@@ -149,8 +190,7 @@ class Relay(LeasedConsumer):
 
     async def start(self) -> None:
         await self._refresh_endpoints()
-        self.completer.start()
-        self.outcomes.start()
+        self.bookkeeper.start()
         await self.start_loops()
         await self.maintainer.start()
         await self.inbox_maintainer.start()
@@ -165,8 +205,7 @@ class Relay(LeasedConsumer):
         await self.stop_loops()
         await self.maintainer.stop()
         await self.inbox_maintainer.stop()
-        await self.completer.stop()
-        await self.outcomes.stop()
+        await self.bookkeeper.stop()
         await self.session.close()
         if self._runner:
             await self._runner.cleanup()
@@ -315,22 +354,21 @@ class Relay(LeasedConsumer):
                            "hookline.attempt": claimed.attempts}) as traceparent:
             result = await self._post(claimed, traceparent)
         outcome = delivery.classify(result)  # every outcome but gone is retried, client errors included
-        metrics.relay_deliveries.labels(endpoint.name, outcome).inc()
+        metrics.child(metrics.relay_deliveries, endpoint.name, outcome).inc()
         if result.status is not None:
-            metrics.relay_latency.labels(endpoint.name).observe(result.latency)
+            metrics.child(metrics.relay_latency, endpoint.name).observe(result.latency)
         if outcome is Outcome.GONE:  # disables the endpoint; not a count for its circuit
             await self._disable(claimed, result)
             return
-        # The breaker's count and the delivery's bookkeeping are written side by side (neither
-        # waits for the other); both are done before the task ends, so a probe's successor sees it.
-        count = self.outcomes.record(endpoint.name, ok=outcome is Outcome.DELIVERED, probe=claimed.probe)
+        # The breaker's count is written before the task ends, so a probe's successor sees it.
         if outcome is Outcome.DELIVERED:
-            # Retried while the lease lasts; never a retry or dead letter for a delivered event.
-            booking = write_completion(lambda: self.completer.complete(claimed, result), self.lease_seconds,
-                                       {"endpoint": endpoint.name, "event_id": claimed.event_id})
-            await asyncio.gather(count, booking)
-        else:
-            await asyncio.gather(count, self._fail(claimed, result))
+            # Booked and counted in one batch; retried while the lease lasts; never a retry or dead
+            # letter for a delivered event.
+            await write_completion(lambda: self.bookkeeper.delivered(claimed, result), self.lease_seconds,
+                                   {"endpoint": endpoint.name, "event_id": claimed.event_id})
+        else:  # counted and booked side by side (neither waits for the other)
+            await asyncio.gather(self.bookkeeper.count(endpoint.name, ok=False, probe=claimed.probe),
+                                 self._fail(claimed, result))
 
     async def _post(self, claimed: Claimed, traceparent: str | None) -> DeliveryResult:
         endpoint = claimed.endpoint

@@ -83,7 +83,8 @@ RETURNING d.id;
 -- The events behind a batch of claimed deliveries (claim returns delivery rows),
 -- with the endpoint's secrets as of now: a rotation committed before the claim
 -- signs every delivery of that claim, however stale the relay's endpoint cache.
-SELECT o.id, o.event_id, o.event_type, o.payload, o.created_at, o.traceparent, e.secrets
+-- The payload as JSON text: the relay splices it into the envelope as it is.
+SELECT o.id, o.event_id, o.event_type, o.payload::text AS payload, o.created_at, o.traceparent, e.secrets
 FROM hookline.outbox AS o, hookline.endpoints AS e
 WHERE o.id = ANY($1::bigint[]) AND e.name = $2;
 
