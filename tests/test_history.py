@@ -6,21 +6,25 @@ from __future__ import annotations
 
 import json
 import socket
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 
 from hookline import outbox
-from hookline.core.queue import INBOX, OUTBOX
+from hookline.core.queue import INBOX, OUTBOX, RetryPolicy
 from hookline.relay import endpoints
+from support.endpoints import Answer, Received, TestEndpoint, wait_for
 from support.inbox import apply_provider, create_effect_tables
 from support.inbox import wait_for as wait_for_row
-from support.processes import hookline_cli, worker
+from support.processes import hookline_cli, relay, worker
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 SECRET = "whsec_c2VjcmV0LXRoYXQtbXVzdC1uZXZlci1sZWFr"
+ENDPOINT_SECRET = "whsec_" + "aGlzdG9yeS1lbmRwb2ludC1zZWNyZXQtMTIzNDU2Nzg="
 HEADERS = {"Stripe-Signature": "t=1,v1=abcdef", "Authorization": "Bearer hunter2", "X-Forwarded-Secretish": SECRET,
            "Content-Type": "application/json", "User-Agent": "Stripe/1.0"}
 
@@ -186,3 +190,114 @@ async def test_a_role_with_only_a_tenants_privileges_books_outcomes(pool: asyncp
             await conn.execute("DROP OWNED BY hookline_test_tenant; DROP ROLE hookline_test_tenant")
     logged = await pool.fetchrow("SELECT worker, outcome FROM hookline.attempts WHERE row_id = $1", row_id)
     assert tuple(logged) == ("tenant-worker", "done")
+
+
+def events_show_json(database_url: str, provider: str, event_id: str) -> dict[str, Any]:
+    result = hookline_cli(database_url, "events", "show", provider, event_id, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    shown: dict[str, Any] = json.loads(result.stdout)
+    return shown
+
+
+def milliseconds_between(earlier: str, later: str) -> float:
+    return (datetime.fromisoformat(later) - datetime.fromisoformat(earlier)).total_seconds() * 1000
+
+
+async def test_a_real_worker_logs_each_attempts_latency_and_json_shows_it(pool: asyncpg.Pool, database_url: str,
+                                                                         log_dir: Path) -> None:
+    """Handler time (claim to outcome) of every inbox attempt, on the transactional path (retries,
+    then done) and the one-parameter path (batched completions): logged by the booking statements
+    of a real worker, printed by `events show` and in its JSON."""
+    await create_effect_tables(pool)
+    apply_provider(database_url, "flaky", 'signature: {scheme: none}\nhandler: "support.handlers:fail_until_third"\n'
+                   "retry: {maxAttempts: 5, initialDelaySeconds: 0.05, maxDelaySeconds: 0.1}")
+    apply_provider(database_url, "plain", 'signature: {scheme: none}\nhandler: "support.handlers:external_effect"')
+    await receive(pool, "flaky", "evt_flaky", b'{"data": {}}')
+    await receive(pool, "plain", "evt_plain", b'{"data": {}}')
+    proc = worker(database_url, log_dir)
+    try:
+        for event in ("evt_flaky", "evt_plain"):
+            await wait_for_row(pool, "SELECT status FROM hookline.inbox WHERE event_id = $1", "done", event)
+    finally:
+        proc.stop()
+
+    flaky = events_show_json(database_url, "flaky", "evt_flaky")
+    assert {"id", "provider", "event_id", "event_type", "status", "attempts", "received_at", "processed_at",
+            "last_error", "suspect", "headers", "content_type", "body_bytes", "body_preview",
+            "attempt_log"} <= set(flaky)
+    assert (flaky["provider"], flaky["event_id"], flaky["status"], flaky["attempts"]) == ("flaky", "evt_flaky",
+                                                                                          "done", 3)
+    assert flaky["headers"]["Authorization"] == "[redacted]" and flaky["body_preview"] == '{"data": {}}'
+    log = flaky["attempt_log"]
+    assert [(a["attempt"], a["outcome"]) for a in log] == [(1, "retry"), (2, "retry"), (3, "done")]
+    assert "failing attempt 2 on purpose" in log[1]["error"] and log[2]["error"] is None
+    [plain] = events_show_json(database_url, "plain", "evt_plain")["attempt_log"]
+    assert (plain["attempt"], plain["outcome"]) == (1, "done")
+    for attempt in [*log, plain]:
+        assert set(attempt) == {"attempt", "at", "outcome", "worker", "http_status", "latency_ms", "error"}
+        assert attempt["http_status"] is None  # an inbox attempt has no HTTP answer
+        # Claimed after the event arrived, so no attempt can have taken longer than that.
+        assert 0 < attempt["latency_ms"] <= milliseconds_between(flaky["received_at"], attempt["at"])
+
+    text = hookline_cli(database_url, "events", "show", "flaky", "evt_flaky").stdout
+    rows = [line.split() for line in text.splitlines() if line.startswith("    ") and line.split()[0].isdigit()]
+    assert [float(r[5]) > 0 for r in rows] == [True, True, True], text
+
+
+async def test_the_lease_rescuer_logs_an_expired_attempt_with_its_holder_and_latency(pool: asyncpg.Pool) -> None:
+    row_id = await receive(pool, "stripe", "evt_stalled")
+    [row] = await INBOX.claim(pool, "stripe", 1, "stalled-worker", 60)
+    await pool.execute("UPDATE hookline.inbox SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+                       row_id)
+    swept = await INBOX.sweep_expired(pool, {"stripe": RetryPolicy(max_attempts=5)})
+    assert swept.requeued == {"stripe": 1}
+    logged = await pool.fetchrow("SELECT attempt, worker, outcome, error, latency_ms FROM hookline.attempts "
+                                 "WHERE queue = 'inbox' AND row_id = $1", row_id)
+    assert (logged["attempt"], logged["worker"], logged["outcome"]) == (row["attempts"], "stalled-worker", "expired")
+    assert "lease expired during attempt 1 (worker stalled-worker" in logged["error"]
+    assert logged["latency_ms"] > 0
+
+
+async def test_a_real_relay_logs_the_http_status_and_latency_of_every_outcome(pool: asyncpg.Pool,
+                                                                             database_url: str,
+                                                                             log_dir: Path) -> None:
+    """done, retry, dead and parked deliveries through a real relay and a real endpoint: each
+    attempt's answer is in its own columns of the log, and `deliveries show -o json` has them."""
+
+    def answer(n: int, received: Received) -> Answer:
+        kind = received.body["data"]["kind"]
+        if kind == "late":
+            return Answer(503 if n == 1 else 200)
+        return Answer(410 if kind == "gone" else 500)
+
+    async with TestEndpoint(ENDPOINT_SECRET, answer) as endpoint:
+        for name in ("flaky", "gone"):
+            added = hookline_cli(database_url, "endpoints", "add", name, "--url", endpoint.url, "--secret",
+                                 ENDPOINT_SECRET, "--max-attempts", "2", "--retry-initial-delay", "0.05",
+                                 "--retry-max-delay", "0.1")
+            assert added.returncode == 0, added.stderr
+        published: dict[str, str] = {}
+        async with pool.acquire() as conn, conn.transaction():
+            for kind, name in (("late", "flaky"), ("broken", "flaky"), ("gone", "gone")):
+                published[kind] = await outbox.publish(conn, "invoice.paid", {"kind": kind}, endpoint=name)
+        proc = relay(database_url, log_dir, "--allow-private-networks")
+        try:
+            await wait_for(lambda: pool.fetchval(
+                "SELECT array_agg(status ORDER BY endpoint, status) = '{dead,done,parked}' FROM hookline.deliveries"),
+                timeout=60)
+        finally:
+            proc.stop()
+
+    expected = {"late": [("retry", 503), ("done", 200)], "broken": [("retry", 500), ("dead", 500)],
+                "gone": [("parked", 410)]}
+    for kind, attempts in expected.items():
+        result = hookline_cli(database_url, "deliveries", "show", published[kind], "-o", "json")
+        assert result.returncode == 0, result.stderr
+        [delivery] = json.loads(result.stdout)["deliveries"]
+        assert {"id", "event_id", "event_type", "endpoint", "status", "attempts", "last_status", "last_latency_ms",
+                "last_error", "payload_preview", "attempt_log"} <= set(delivery)
+        assert delivery["event_id"] == published[kind]
+        log = delivery["attempt_log"]
+        assert [(a["outcome"], a["http_status"]) for a in log] == attempts, log
+        assert all(a["latency_ms"] is not None and a["latency_ms"] > 0 for a in log), log
+        assert [a["attempt"] for a in log] == list(range(1, len(attempts) + 1))

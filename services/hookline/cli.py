@@ -349,10 +349,11 @@ def configure_events_parser(subparsers: Subparsers) -> None:
         subparsers, "events", "the history of inbox events: state, headers, body and every attempt",
         description="Look up what happened to received events. `show` prints one event's state, its headers "
         "(signatures and secret-looking values redacted), a preview of its body and every logged attempt: "
-        "when, which worker, the outcome and the error.",
+        "when, which worker, the outcome, the error and the latency (claim to outcome).",
         examples="  hookline events list --provider stripe --status dead\n"
         "  hookline events list --since 2026-11-30T08:00:00Z\n"
-        "  hookline events show stripe evt_1NXa\n")
+        "  hookline events show stripe evt_1NXa\n"
+        "  hookline events show stripe evt_1NXa -o json | jq '.attempt_log[] | {attempt, outcome, latency_ms}'\n")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = _add_command(actions, "list", "list events, newest first")
     listing.add_argument("--provider", help="only this provider's events")
@@ -364,6 +365,7 @@ def configure_events_parser(subparsers: Subparsers) -> None:
     show = _add_command(actions, "show", "one event: state, redacted headers, body preview, attempts")
     show.add_argument("provider", help="the provider's name")
     show.add_argument("event_id", help="the event id the provider gave it")
+    _add_output_flag(show)
     _add_common(show)
 
 
@@ -377,7 +379,13 @@ def configure_deliveries_parser(subparsers: Subparsers) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     show = _add_command(actions, "show", "one delivery, or every delivery of an outbox event")
     show.add_argument("id", help="a delivery id, or an outbox event id (msg_...)")
+    _add_output_flag(show)
     _add_common(show)
+
+
+def _add_output_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                   help="text for people (default) or json for scripts (its fields: README, Event history)")
 
 
 def configure_status_parser(subparsers: Subparsers) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 
@@ -308,18 +308,35 @@ async def _replay_event(conn: asyncpg.Connection, ref: str) -> list[str]:
 
 
 async def events(args: argparse.Namespace) -> int:
-    from hookline.core.history import EventRef, list_events, show_event
+    from hookline.core.history import EventRef, event_lines, event_record, list_events
 
     if args.action == "list":
         return await _history(lambda conn: list_events(conn, provider=args.provider, status=args.status,
                                                        since=args.since, limit=args.limit))
-    return await _history(lambda conn: show_event(conn, EventRef(args.provider, args.event_id)))
+    ref = EventRef(args.provider, args.event_id)
+    return await _history(lambda conn: _shown(event_record(conn, ref), event_lines, args.output))
 
 
 async def deliveries(args: argparse.Namespace) -> int:
-    from hookline.core.history import show_deliveries
+    from hookline.core.history import delivery_lines, delivery_records
 
-    return await _history(lambda conn: show_deliveries(conn, args.id))
+    return await _history(lambda conn: _shown(delivery_records(conn, args.id), delivery_lines, args.output,
+                                              json_key="deliveries"))
+
+
+HistoryRecord = TypeVar("HistoryRecord")
+
+
+async def _shown(record: Awaitable[HistoryRecord], lines: Callable[[HistoryRecord], list[str]], output: str,
+                 json_key: str | None = None) -> list[str]:
+    """A history record as lines for people, or as one JSON document (``-o json``; a list goes
+    under ``json_key``, so that the document is an object scripts can extend)."""
+    import json
+
+    found = await record
+    if output == "json":
+        return [json.dumps(found if json_key is None else {json_key: found}, indent=2)]
+    return lines(found)
 
 
 async def _history(lookup: Callable[[asyncpg.Connection], Awaitable[list[str]]]) -> int:

@@ -2,8 +2,11 @@
 ``hookline dlq replay --event``.
 
 Attempts come from the attempt log (``hookline.attempts``, migration 0013), which the
-statements that book an outcome write as they book it. Stored headers are shown redacted:
-signatures, credentials and anything secret-looking never reach the terminal.
+statements that book an outcome write as they book it (migration 0016): when, which worker,
+the outcome, the error, the HTTP status of a delivery and the latency (an inbox attempt's from
+its claim to its outcome; a delivery's HTTP call's). Stored headers are shown redacted:
+signatures, credentials and anything secret-looking never reach the terminal. ``show`` prints
+for people, or JSON (``event_record`` / ``delivery_records``) for scripts.
 """
 
 from __future__ import annotations
@@ -78,52 +81,87 @@ async def list_events(conn: asyncpg.Connection, *, provider: str | None = None, 
     return lines
 
 
-async def show_event(conn: asyncpg.Connection, ref: EventRef) -> list[str]:
+EVENT_FIELDS = ("event_type", "entity_key", "status", "attempts", "received_at", "next_attempt_at", "processed_at",
+                "locked_by", "lease_expires_at", "deferred_since", "last_error", "suspect", "content_type")
+DELIVERY_FIELDS = ("status", "attempts", "created_at", "next_attempt_at", "processed_at", "locked_by",
+                   "last_status", "last_latency_ms", "last_error", "last_response")
+ATTEMPT_FIELDS = ("attempt", "at", "outcome", "worker", "http_status", "latency_ms", "error")
+
+
+async def event_record(conn: asyncpg.Connection, ref: EventRef) -> dict[str, Any]:
+    """One inbox event as `hookline events show -o json` prints it (the shape is documented in
+    the README, "Event history"): its state, redacted headers, a body preview and every logged
+    attempt, oldest first. Times are ISO 8601 strings; absent values are null."""
     row = await conn.fetchrow(db.query("find_event", "history.sql"), ref.provider, ref.event_id, ref.id,
                               PREVIEW_BYTES)
     if row is None:
         raise HistoryError(f"no inbox event {ref}")
-    lines = [f"event {row['provider']}:{row['event_id']} (id {row['id']})"]
-    for label, key in (("type", "event_type"), ("entity", "entity_key"), ("status", "status"),
-                       ("attempts", "attempts"), ("received", "received_at"), ("next attempt", "next_attempt_at"),
-                       ("finished", "processed_at"), ("leased by", "locked_by"), ("lease until", "lease_expires_at"),
-                       ("deferred since", "deferred_since"), ("last error", "last_error")):
-        if row[key] is not None:
-            lines.append(f"  {label + ':':<16}{_time(row[key]) if isinstance(row[key], datetime) else row[key]}")
-    if row["suspect"]:
-        lines.append(f"  {'suspect:':<16}yes (its last lease expired: it runs alone)")
-    lines.append("headers (redacted):")
-    lines += [f"  {name}: {value}" for name, value in redact_headers(row["headers"] or {}).items()]
-    lines.append(f"body ({row['content_type'] or 'no content type'}, {row['body_bytes']} bytes):")
-    lines.append("  " + preview(bytes(row["body_preview"]), row["body_bytes"]))
-    lines += await _attempt_lines(conn, "inbox", row["id"])
-    return lines
+    return {"id": row["id"], "provider": row["provider"], "event_id": row["event_id"],
+            **{key: _plain(row[key]) for key in EVENT_FIELDS},
+            "headers": redact_headers(row["headers"] or {}), "body_bytes": row["body_bytes"],
+            "body_preview": preview(bytes(row["body_preview"]), row["body_bytes"]),
+            "attempt_log": await _attempts(conn, "inbox", row["id"])}
 
 
-async def show_deliveries(conn: asyncpg.Connection, ref: str) -> list[str]:
-    """One delivery (a numeric id) or every delivery of an outbox event (its msg_ id)."""
+async def delivery_records(conn: asyncpg.Connection, ref: str) -> list[dict[str, Any]]:
+    """One delivery (a numeric id) or every delivery of an outbox event (its msg_ id), as
+    `hookline deliveries show -o json` prints them (documented in the README, "Event history")."""
     delivery_id = int(ref) if ref.isdigit() else None
     rows = await conn.fetch(db.query("find_deliveries", "history.sql"), delivery_id,
                             None if delivery_id else ref, PREVIEW_BYTES)
     if not rows:
         raise HistoryError(f"no delivery {ref!r} (give a delivery id or an outbox event id, msg_...)")
+    return [{"id": r["id"], "event_id": r["event_id"], "event_type": r["event_type"], "endpoint": r["endpoint"],
+             **{key: _plain(r[key]) for key in DELIVERY_FIELDS},
+             "aggregate_type": r["aggregate_type"], "aggregate_id": r["aggregate_id"],
+             "payload_preview": r["payload_preview"], "attempt_log": await _attempts(conn, "deliveries", r["id"])}
+            for r in rows]
+
+
+def event_lines(event: dict[str, Any]) -> list[str]:
+    """`hookline events show` for people."""
+    lines = [f"event {event['provider']}:{event['event_id']} (id {event['id']})"]
+    for label, key in (("type", "event_type"), ("entity", "entity_key"), ("status", "status"),
+                       ("attempts", "attempts"), ("received", "received_at"), ("next attempt", "next_attempt_at"),
+                       ("finished", "processed_at"), ("leased by", "locked_by"), ("lease until", "lease_expires_at"),
+                       ("deferred since", "deferred_since"), ("last error", "last_error")):
+        if event[key] is not None:
+            lines.append(f"  {label + ':':<16}{event[key]}")
+    if event["suspect"]:
+        lines.append(f"  {'suspect:':<16}yes (its last lease expired: it runs alone)")
+    lines.append("headers (redacted):")
+    lines += [f"  {name}: {value}" for name, value in event["headers"].items()]
+    lines.append(f"body ({event['content_type'] or 'no content type'}, {event['body_bytes']} bytes):")
+    lines.append("  " + event["body_preview"])
+    return lines + _attempt_lines(event["attempt_log"])
+
+
+def delivery_lines(deliveries: list[dict[str, Any]]) -> list[str]:
+    """`hookline deliveries show` for people."""
     lines: list[str] = []
-    for r in rows:
-        lines.append(f"delivery {r['id']} of event {r['event_id']} ({r['event_type']}) to endpoint {r['endpoint']}")
+    for d in deliveries:
+        lines.append(f"delivery {d['id']} of event {d['event_id']} ({d['event_type']}) to endpoint {d['endpoint']}")
         for label, key in (("status", "status"), ("attempts", "attempts"), ("created", "created_at"),
                            ("next attempt", "next_attempt_at"), ("finished", "processed_at"),
                            ("leased by", "locked_by"), ("last status", "last_status"),
                            ("last latency", "last_latency_ms"), ("last error", "last_error"),
                            ("last response", "last_response")):
-            value = r[key]
-            if value is not None and value != "":
-                shown = _time(value) if isinstance(value, datetime) else value
-                lines.append(f"  {label + ':':<16}{str(shown)[:200]}")
-        if r["aggregate_id"] is not None:
-            lines.append(f"  {'aggregate:':<16}{r['aggregate_type'] or ''}:{r['aggregate_id']}")
-        lines.append(f"  {'payload:':<16}{r['payload_preview']}")
-        lines += await _attempt_lines(conn, "deliveries", r["id"])
+            if d[key] is not None and d[key] != "":
+                lines.append(f"  {label + ':':<16}{str(d[key])[:200]}")
+        if d["aggregate_id"] is not None:
+            lines.append(f"  {'aggregate:':<16}{d['aggregate_type'] or ''}:{d['aggregate_id']}")
+        lines.append(f"  {'payload:':<16}{d['payload_preview']}")
+        lines += _attempt_lines(d["attempt_log"])
     return lines
+
+
+async def show_event(conn: asyncpg.Connection, ref: EventRef) -> list[str]:
+    return event_lines(await event_record(conn, ref))
+
+
+async def show_deliveries(conn: asyncpg.Connection, ref: str) -> list[str]:
+    """One delivery (a numeric id) or every delivery of an outbox event (its msg_ id)."""
+    return delivery_lines(await delivery_records(conn, ref))
 
 
 async def replay_event(conn: asyncpg.Connection, ref: EventRef) -> str:
@@ -139,16 +177,32 @@ async def replay_event(conn: asyncpg.Connection, ref: EventRef) -> str:
     return f"{name}: requeued (attempts start again)"
 
 
-async def _attempt_lines(conn: asyncpg.Connection, queue: str, row_id: int) -> list[str]:
-    attempts = await conn.fetch(db.query("attempts_of", "history.sql"), queue, row_id)
+async def _attempts(conn: asyncpg.Connection, queue: str, row_id: int) -> list[dict[str, Any]]:
+    return [{key: _plain(a[key]) for key in ATTEMPT_FIELDS}
+            for a in await conn.fetch(db.query("attempts_of", "history.sql"), queue, row_id)]
+
+
+def _attempt_lines(attempts: list[dict[str, Any]]) -> list[str]:
     if not attempts:
         return ["attempts: none logged"]
     lines = [f"attempts:\n  {'#':>3}  {'AT':<26} {'OUTCOME':<8} {'WORKER':<32} {'HTTP':>4} {'MS':>7}  ERROR"]
     for a in attempts:
-        latency = f"{a['latency_ms']:.0f}" if a["latency_ms"] is not None else "-"
-        lines.append(f"  {a['attempt']:>3}  {_time(a['at']):<26} {a['outcome']:<8} {(a['worker'] or '-'):<32} "
+        latency = _milliseconds(a["latency_ms"])
+        lines.append(f"  {a['attempt']:>3}  {a['at']:<26} {a['outcome']:<8} {(a['worker'] or '-'):<32} "
                      f"{a['http_status'] or '-':>4} {latency:>7}  {(a['error'] or '')[:120]}")
     return lines
+
+
+def _milliseconds(value: float | None) -> str:
+    """Whole milliseconds, or one decimal below 10 ms (a fast handler is not "0")."""
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if value < 10 else f"{value:.0f}"
+
+
+def _plain(value: Any) -> Any:
+    """A column value as JSON has it: times as ISO 8601 strings, everything else as it is."""
+    return _time(value) if isinstance(value, datetime) else value
 
 
 def _time(value: datetime) -> str:

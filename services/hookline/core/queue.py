@@ -92,16 +92,18 @@ class Queue:
     column whose rows must be processed one at a time in id order within a partition;
     it enables ``claim(..., ordered=True)``. ``retries_first``: claims take due retries
     before first attempts. ``deferrable``: the table has the inbox's ``deferred_since``.
+    ``log_name`` names the queue in the attempt log; ``timed``: the table has ``claimed_at``,
+    and an attempt's logged latency runs from its claim to its outcome.
     """
 
-    def __init__(self, table: str, partition: str, channel: str, *, order_key: str | None = None,
-                 retries_first: bool = False, deferrable: bool = False) -> None:
+    def __init__(self, table: str, partition: str, channel: str, *, log_name: str, order_key: str | None = None,
+                 retries_first: bool = False, deferrable: bool = False, timed: bool = False) -> None:
         self.table = table
         self.partition = partition
         self.channel = channel
         values: dict[str, db.TemplateValue] = {
             "table": table, "partition": partition, "retries_first": retries_first, "deferrable": deferrable,
-            "ordered": False}
+            "ordered": False, "timed": timed, "log_queue": f"'{log_name}'"}
         self._sql = {name: db.query(name, "queue.sql", **values) for name in db.statements("queue.sql")}
         if order_key is not None:
             self._sql["claim_ordered"] = db.query("claim", "queue.sql", **{**values, "ordered": True,
@@ -140,16 +142,17 @@ class Queue:
 
     async def complete(self, conn: asyncpg.Connection | asyncpg.Pool, done: Sequence[tuple[int, int]],
                        worker: str) -> set[int]:
-        rows = await conn.fetch(self._sql["complete"], [d[0] for d in done], [d[1] for d in done], worker)
-        return {r["id"] for r in rows}
+        """Mark (id, attempts) pairs done and log them; returns the ids whose lease was still ours."""
+        ids = await conn.fetchval(self._sql["complete"], [d[0] for d in done], [d[1] for d in done], worker)
+        return set(ids or ())
 
     async def retry(self, conn: asyncpg.Connection | asyncpg.Pool, id: int, attempts: int, worker: str,
                     delay: float, error: str) -> bool:
-        return await conn.fetchval(self._sql["retry"], id, attempts, worker, float(delay), error) is not None
+        return bool(await conn.fetchval(self._sql["retry"], id, attempts, worker, float(delay), error))
 
     async def bury(self, conn: asyncpg.Connection | asyncpg.Pool, id: int, attempts: int, worker: str,
                    error: str) -> bool:
-        return await conn.fetchval(self._sql["bury"], id, attempts, worker, error) is not None
+        return bool(await conn.fetchval(self._sql["bury"], id, attempts, worker, error))
 
     async def release(self, conn: asyncpg.Connection | asyncpg.Pool, ids: Sequence[int], worker: str,
                       delay: float = 0.0) -> set[int]:
@@ -170,7 +173,7 @@ class Queue:
             fates = [(r["attempts"] >= (policy := policies.get(r["partition"], default)).max_attempts,
                       policy.delay(r["attempts"])) for r in expired]
             await c.execute(self._sql["requeue_expired"], [r["id"] for r in expired], [f[0] for f in fates],
-                            [f[1] for f in fates])
+                            [f[1] for f in fates], [r["locked_by"] for r in expired])
         requeued: dict[str, int] = {}
         dead: dict[str, int] = {}
         holders: dict[str, set[str]] = {}
@@ -216,8 +219,9 @@ async def _connection(conn: asyncpg.Connection | asyncpg.Pool) -> AsyncIterator[
         yield conn
 
 
-INBOX = Queue("hookline.inbox", "provider", "hookline_inbox", deferrable=True)
-OUTBOX = Queue("hookline.deliveries", "endpoint", "hookline_outbox", order_key="aggregate_key", retries_first=True)
+INBOX = Queue("hookline.inbox", "provider", "hookline_inbox", log_name="inbox", deferrable=True, timed=True)
+OUTBOX = Queue("hookline.deliveries", "endpoint", "hookline_outbox", log_name="deliveries", order_key="aggregate_key",
+               retries_first=True)
 
 
 def truncate_error(message: str, secrets: Iterable[str] = (), limit: int = 2000) -> str:

@@ -53,21 +53,30 @@ SELECT (SELECT count(*) FROM e) AS found, (SELECT count(*) FROM unparked) AS unp
 -- A 410 Gone: disable the endpoint and park its undelivered deliveries (the one
 -- that got the 410 included: it was not delivered). Parked is not lost:
 -- `hookline endpoints enable` puts them back. Deliveries other relays hold right
--- now park themselves when they finish (see park_delivery).
+-- now park themselves when they finish (see park_delivery). The attempt that got
+-- the 410 is logged with its answer (hookline.log_attempts, migration 0016; a
+-- materialized CTE runs once); the others were not attempted. One row per parked delivery.
 WITH e AS (
     UPDATE hookline.endpoints SET enabled = false, disabled_at = now(), disabled_reason = $2
     WHERE name = $1 RETURNING name
+), parked AS (
+    UPDATE hookline.deliveries AS d
+    SET status = 'parked', lease_expires_at = NULL, locked_by = NULL,
+        last_error = CASE WHEN d.id = $3 THEN $2 ELSE d.last_error END,
+        last_status = CASE WHEN d.id = $3 THEN $6 ELSE d.last_status END,
+        last_response = CASE WHEN d.id = $3 THEN $7 ELSE d.last_response END,
+        last_latency_ms = CASE WHEN d.id = $3 THEN $8 ELSE d.last_latency_ms END
+    FROM e
+    WHERE d.endpoint = e.name
+      AND (d.status = 'pending' OR (d.id = $3 AND d.attempts = $4 AND d.status = 'processing' AND d.locked_by = $5))
+    RETURNING d.id, d.endpoint, d.attempts, d.last_error, d.last_status, d.last_latency_ms
+), logged AS MATERIALIZED (
+    SELECT hookline.log_attempts('deliveries', array_agg(id), array_agg(endpoint), array_agg(attempts),
+                                 array_agg($5::text), array_agg('parked'::text), array_agg(last_error),
+                                 array_agg(last_status), array_agg(last_latency_ms))
+    FROM parked WHERE id = $3
 )
-UPDATE hookline.deliveries AS d
-SET status = 'parked', lease_expires_at = NULL, locked_by = NULL,
-    last_error = CASE WHEN d.id = $3 THEN $2 ELSE d.last_error END,
-    last_status = CASE WHEN d.id = $3 THEN $6 ELSE d.last_status END,
-    last_response = CASE WHEN d.id = $3 THEN $7 ELSE d.last_response END,
-    last_latency_ms = CASE WHEN d.id = $3 THEN $8 ELSE d.last_latency_ms END
-FROM e
-WHERE d.endpoint = e.name
-  AND (d.status = 'pending' OR (d.id = $3 AND d.attempts = $4 AND d.status = 'processing' AND d.locked_by = $5))
-RETURNING d.id;
+SELECT parked.id FROM parked LEFT JOIN logged ON true;
 
 -- name: park_delivery
 -- A delivery that failed after its endpoint was disabled waits with the others.
@@ -90,7 +99,8 @@ WHERE o.id = ANY($1::bigint[]) AND e.name = $2;
 
 -- name: record_responses
 -- The last answer of each delivery (called in the transaction that completes or retries it),
--- also written into the attempt the completion logged (migration 0013).
+-- also written into the attempt the booking statement just logged (queue.sql; for
+-- deliveries it logs no latency of its own, so the HTTP call's is filled in here).
 WITH answers AS (
     SELECT * FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::float8[]) AS r(id, status, body, latency_ms)
 ), recorded AS (

@@ -6,8 +6,17 @@
 -- /* TEMPLATE: order_key */ name the table and columns; the optional parts are
 --   ordered         the ordered claim's filter (queues with an order key);
 --   retries_first   due retries claimed before first attempts (the outbox);
---   deferrable      the deferral clock, cleared on completion (the inbox).
+--   deferrable      the deferral clock, cleared on completion (the inbox);
+--   timed           claimed_at, set by the claims: an attempt's latency in the
+--                   attempt log is from its claim to its outcome (the inbox; a
+--                   delivery's latency is its HTTP call's, see record_responses).
+-- log_queue (a quoted literal) names the queue in the attempt log: 'inbox', 'deliveries'.
 -- Parameters stay parameters.
+--
+-- The attempt log (hookline.attempts): every statement that books the outcome of an
+-- attempt (complete, retry, bury, requeue_expired) appends it in the same statement,
+-- through hookline.log_attempts (migration 0016): one call and one INSERT per batch,
+-- committed with the outcome. Each returns one row: what it booked, and `logged`.
 --
 -- Lifecycle: pending -> processing (claimed, leased, attempts + 1) -> done | pending
 -- (retry, deferral, released lease) | dead. Attempts are counted at claim time, so
@@ -72,7 +81,8 @@ UPDATE /* TEMPLATE: table */hookline.inbox AS t
 SET status = 'processing',
     attempts = t.attempts + 1,
     locked_by = $3,
-    lease_expires_at = now() + make_interval(secs => $4)
+    lease_expires_at = now() + make_interval(secs => $4)/* TEMPLATE_BEGIN: timed */,
+    claimed_at = now()/* TEMPLATE_END */
 WHERE t.id = ANY (ARRAY(/* TEMPLATE_BEGIN: retries_first */SELECT id FROM retries UNION ALL /* TEMPLATE_END */SELECT id FROM picked))
 RETURNING t.*;
 
@@ -96,7 +106,8 @@ UPDATE /* TEMPLATE: table */hookline.inbox AS t
 SET status = 'processing',
     attempts = t.attempts + 1,
     locked_by = $3,
-    lease_expires_at = now() + make_interval(secs => picked.seconds)
+    lease_expires_at = now() + make_interval(secs => picked.seconds)/* TEMPLATE_BEGIN: timed */,
+    claimed_at = now()/* TEMPLATE_END */
 FROM picked
 WHERE t.id = picked.id
 RETURNING t.*;
@@ -129,26 +140,56 @@ WHERE t.id = ANY($1::bigint[]) AND t.status <> 'done'
 -- name: complete
 -- Batched completions: (id, attempts) pairs; a pair whose lease was lost is skipped.
 -- Inside a handler's transaction this is also the proof that the lease is still
--- ours: no row back means another worker owns the event now, and we roll back.
-UPDATE /* TEMPLATE: table */hookline.inbox AS t
-SET status = 'done', processed_at = now(), lease_expires_at = NULL, locked_by = NULL,
-    last_error = NULL/* TEMPLATE_BEGIN: deferrable */, deferred_since = NULL/* TEMPLATE_END */, suspect = false
-FROM unnest($1::bigint[], $2::integer[]) AS c(id, attempts)
-WHERE t.id = c.id AND t.attempts = c.attempts AND t.status = 'processing' AND t.locked_by = $3
-RETURNING t.id;
+-- ours: no id back means another worker owns the event now, and we roll back.
+-- Returns the ids done (NULL: none).
+WITH done AS (
+    UPDATE /* TEMPLATE: table */hookline.inbox AS t
+    SET status = 'done', processed_at = now(), lease_expires_at = NULL, locked_by = NULL,
+        last_error = NULL/* TEMPLATE_BEGIN: deferrable */, deferred_since = NULL/* TEMPLATE_END */, suspect = false
+    FROM unnest($1::bigint[], $2::integer[]) AS c(id, attempts)
+    WHERE t.id = c.id AND t.attempts = c.attempts AND t.status = 'processing' AND t.locked_by = $3
+    RETURNING t.id, t./* TEMPLATE: partition */provider AS part, t.attempts, $3::text AS worker, 'done'::text AS outcome,
+              -- from the claim to now (a delivery's HTTP latency: record_responses)
+              coalesce(NULL::float8/* TEMPLATE_BEGIN: timed */, extract(epoch FROM clock_timestamp() - t.claimed_at) * 1000/* TEMPLATE_END */) AS latency_ms
+)
+SELECT array_agg(id) AS ids,
+       hookline.log_attempts(/* TEMPLATE: log_queue */'inbox', array_agg(id), array_agg(part), array_agg(attempts),
+                             array_agg(worker), array_agg(outcome), NULL, NULL,
+                             array_agg(latency_ms)) AS logged
+FROM done;
 
 -- name: retry
-UPDATE /* TEMPLATE: table */hookline.inbox
-SET status = 'pending', next_attempt_at = now() + make_interval(secs => $4), lease_expires_at = NULL,
-    locked_by = NULL, last_error = $5
-WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
-RETURNING id;
+-- Returns the number booked: 1, or 0 when the lease was lost.
+WITH retried AS (
+    UPDATE /* TEMPLATE: table */hookline.inbox AS t
+    SET status = 'pending', next_attempt_at = now() + make_interval(secs => $4), lease_expires_at = NULL,
+        locked_by = NULL, last_error = $5
+    WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
+    RETURNING t.id, t./* TEMPLATE: partition */provider AS part, t.attempts, $3::text AS worker, 'retry'::text AS outcome,
+              t.last_error,
+              coalesce(NULL::float8/* TEMPLATE_BEGIN: timed */, extract(epoch FROM clock_timestamp() - t.claimed_at) * 1000/* TEMPLATE_END */) AS latency_ms
+)
+SELECT count(*) AS booked,
+       hookline.log_attempts(/* TEMPLATE: log_queue */'inbox', array_agg(id), array_agg(part), array_agg(attempts),
+                             array_agg(worker), array_agg(outcome), array_agg(last_error), NULL,
+                             array_agg(latency_ms)) AS logged
+FROM retried;
 
 -- name: bury
-UPDATE /* TEMPLATE: table */hookline.inbox
-SET status = 'dead', processed_at = now(), lease_expires_at = NULL, locked_by = NULL, last_error = $4
-WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
-RETURNING id;
+-- Returns the number booked: 1, or 0 when the lease was lost.
+WITH buried AS (
+    UPDATE /* TEMPLATE: table */hookline.inbox AS t
+    SET status = 'dead', processed_at = now(), lease_expires_at = NULL, locked_by = NULL, last_error = $4
+    WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
+    RETURNING t.id, t./* TEMPLATE: partition */provider AS part, t.attempts, $3::text AS worker, 'dead'::text AS outcome,
+              t.last_error,
+              coalesce(NULL::float8/* TEMPLATE_BEGIN: timed */, extract(epoch FROM clock_timestamp() - t.claimed_at) * 1000/* TEMPLATE_END */) AS latency_ms
+)
+SELECT count(*) AS booked,
+       hookline.log_attempts(/* TEMPLATE: log_queue */'inbox', array_agg(id), array_agg(part), array_agg(attempts),
+                             array_agg(worker), array_agg(outcome), array_agg(last_error), NULL,
+                             array_agg(latency_ms)) AS logged
+FROM buried;
 
 -- name: release
 -- Give leases back without counting the attempt (shutdown before the work began,
@@ -176,18 +217,29 @@ FOR UPDATE SKIP LOCKED;
 -- name: requeue_expired
 -- The rescuer, step two: each locked row (id $1) goes back to pending after its
 -- delay $3 — or to dead when $2 (its partition's maxAttempts is used up) — with the
--- attempt counted. Every row taken back becomes a suspect (see claim_suspect).
-UPDATE /* TEMPLATE: table */hookline.inbox AS t
-SET status = CASE WHEN x.dead THEN 'dead' ELSE 'pending' END,
-    processed_at = CASE WHEN x.dead THEN now() END,
-    next_attempt_at = now() + make_interval(secs => x.delay),
-    last_error = format('lease expired during attempt %s (worker %s died or stalled)', t.attempts, t.locked_by),
-    lease_expires_at = NULL,
-    locked_by = NULL,
-    suspect = true
-FROM unnest($1::bigint[], $2::boolean[], $3::float8[]) AS x(id, dead, delay)
-WHERE t.id = x.id AND t.status = 'processing'
-RETURNING t.id;
+-- attempt counted. Every row taken back becomes a suspect (see claim_suspect). $4 is
+-- each row's lease holder as lock_expired read it (the attempt log names it; the
+-- UPDATE clears it, and its RETURNING sees only the new row).
+WITH requeued AS (
+    UPDATE /* TEMPLATE: table */hookline.inbox AS t
+    SET status = CASE WHEN x.dead THEN 'dead' ELSE 'pending' END,
+        processed_at = CASE WHEN x.dead THEN now() END,
+        next_attempt_at = now() + make_interval(secs => x.delay),
+        last_error = format('lease expired during attempt %s (worker %s died or stalled)', t.attempts, t.locked_by),
+        lease_expires_at = NULL,
+        locked_by = NULL,
+        suspect = true
+    FROM unnest($1::bigint[], $2::boolean[], $3::float8[], $4::text[]) AS x(id, dead, delay, worker)
+    WHERE t.id = x.id AND t.status = 'processing'
+    RETURNING t.id, t./* TEMPLATE: partition */provider AS part, t.attempts, x.worker,
+              CASE WHEN x.dead THEN 'dead' ELSE 'expired' END AS outcome, t.last_error,
+              coalesce(NULL::float8/* TEMPLATE_BEGIN: timed */, extract(epoch FROM clock_timestamp() - t.claimed_at) * 1000/* TEMPLATE_END */) AS latency_ms
+)
+SELECT count(*) AS booked,
+       hookline.log_attempts(/* TEMPLATE: log_queue */'inbox', array_agg(id), array_agg(part), array_agg(attempts),
+                             array_agg(worker), array_agg(outcome), array_agg(last_error), NULL,
+                             array_agg(latency_ms)) AS logged
+FROM requeued;
 
 -- name: replay_dead
 -- Requeue dead rows (all, or one partition), optionally only those that died
