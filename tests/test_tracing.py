@@ -133,3 +133,35 @@ print("no-op")
     done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **EXPORT_TO_LOGS}, capture_output=True,
                           text=True, timeout=30, check=False)
     assert (done.returncode, done.stdout.strip()) == (0, "no-op"), done.stderr
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("malformed", ["00-not-a-trace-id-zz-01",
+                                       f"00-{'0' * 32}-{'0' * 16}-01",  # all-zero ids: invalid by the spec
+                                       f"00-{'ab' * 16}-{'cd' * 8}-01-trailing;junk"])
+async def test_a_malformed_traceparent_is_ignored_and_a_new_trace_started(database_url: str, pool: asyncpg.Pool,
+                                                                         log_dir: Path, malformed: str) -> None:
+    """Tracing on, a sender's traceparent that is not one: the event is accepted and processed as
+    any other, the receiver starts a new trace (its span has no parent) that the worker and relay
+    continue, the stored event is intact, and no process logs an error about it."""
+    endpoint, procs = await run_pipeline(database_url, pool, log_dir, EXPORT_TO_LOGS, malformed)
+    logs = "".join(p.logs() for p in procs)
+    spans = exported_spans(logs)
+    receive, handle, deliver = (the_span(spans, n) for n in ("hookline.receive", "hookline.handle",
+                                                              "hookline.deliver"))
+    assert receive["parent_id"] is None
+    trace_id = hex_id(receive["context"]["trace_id"])
+    assert len(trace_id) == 32 and int(trace_id, 16) != 0 and trace_id not in malformed
+    assert {hex_id(s["context"]["trace_id"]) for s in (handle, deliver)} == {trace_id}
+    assert hex_id(handle["parent_id"]) == hex_id(receive["context"]["span_id"])
+    assert hex_id(deliver["parent_id"]) == hex_id(handle["context"]["span_id"])
+
+    stored = await pool.fetchrow("SELECT provider, event_id, status, attempts, body, headers FROM hookline.inbox")
+    assert (stored["provider"], stored["event_id"], stored["status"], stored["attempts"]) == ("orders", "ord_1",
+                                                                                            "done", 1)
+    assert json.loads(stored["body"]) == {"id": "ord_1", "type": "order.paid"}
+    # The header stored (and continued by the worker) is the receiver's own, never the malformed one.
+    assert stored["headers"]["traceparent"].startswith(f"00-{trace_id}-{hex_id(receive['context']['span_id'])}-")
+    assert await pool.fetchval("SELECT count(*) FROM test_effects") == 1
+    assert len(endpoint.delivered()) == 1
+    assert "Traceback" not in logs and '"level": "error"' not in logs
