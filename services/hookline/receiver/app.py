@@ -131,6 +131,8 @@ async def _receive(request: web.Request, name: str, provider: Provider | None) -
 
 
 async def _verify_and_store(request: web.Request, provider: Provider, raw: bytes) -> web.Response:
+    if not tracing.enabled():  # the common case: no span to open per request
+        return await _store_verified(request, provider, raw, None)
     with tracing.span("hookline.receive", request.headers.get("traceparent"), tracing.SERVER,
                       {"hookline.provider": provider.name}) as traceparent:
         return await _store_verified(request, provider, raw, traceparent)

@@ -112,18 +112,12 @@ async def read_body(request: web.Request, limit: int, lease: BodyLease, timeout:
         reserved = request.content_length
     else:
         reserved = 0
-    chunks: list[bytes] = []
-    size = 0
     try:
-        async with asyncio.timeout(timeout):
-            while chunk := await request.content.readany():
-                size += len(chunk)
-                if size > limit:
-                    raise _too_large(limit)
-                if size > reserved:
-                    lease.grow(size - reserved)
-                    reserved = size
-                chunks.append(chunk)
+        if request.content.is_eof():  # it all came with the headers (most webhooks): nothing to wait for
+            chunks = await _read_chunks(request, limit, lease, reserved)
+        else:
+            async with asyncio.timeout(timeout):
+                chunks = await _read_chunks(request, limit, lease, reserved)
     except TimeoutError:
         raise Refused(408, "request_timeout", f"the body was not complete within {timeout:g} s") from None
     except HttpProcessingError as exc:  # bad chunk framing, Content-Length mismatch at EOF
@@ -131,6 +125,20 @@ async def read_body(request: web.Request, limit: int, lease: BodyLease, timeout:
     except (ConnectionError, asyncio.IncompleteReadError):
         raise ClientGone() from None
     return decode(b"".join(chunks), request.headers.get("Content-Encoding"), limit, lease)
+
+
+async def _read_chunks(request: web.Request, limit: int, lease: BodyLease, reserved: int) -> list[bytes]:
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.readany():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        if size > reserved:
+            lease.grow(size - reserved)
+            reserved = size
+        chunks.append(chunk)
+    return chunks
 
 
 def decode(raw: bytes, content_encoding: str | None, limit: int, lease: BodyLease) -> bytes:

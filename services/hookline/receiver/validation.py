@@ -35,6 +35,8 @@ class BadEvent(Exception):
 
 def _has_control_or_unencodable(text: str) -> bool:
     # Cc: C0/C1 controls (NUL, CR, LF, DEL...); Cs: lone surrogates (bytes that were not UTF-8).
+    if text.isascii():  # nearly every id: no surrogates, and the only controls are the unprintable ones
+        return not text.isprintable()
     return any(unicodedata.category(c) in ("Cc", "Cs") for c in text)
 
 
@@ -51,7 +53,7 @@ def check_field(value: str, what: str) -> str:
     """An event type or entity key, or ``invalid_event`` when it cannot be stored as text."""
     if len(value) > MAX_FIELD_LENGTH:
         raise BadEvent("invalid_event", f"the {what} is longer than {MAX_FIELD_LENGTH} characters")
-    if "\x00" in value or any(unicodedata.category(c) == "Cs" for c in value):
+    if "\x00" in value or (not value.isascii() and any(unicodedata.category(c) == "Cs" for c in value)):
         raise BadEvent("invalid_event", f"the {what} contains NUL or characters that are not valid Unicode")
     return value
 
