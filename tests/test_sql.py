@@ -220,13 +220,15 @@ async def test_queue_statements_keep_their_plans_on_partitioned_tables(planner: 
 
 # The relay's and `hookline status`'s per-endpoint figures read the indexes of unfinished and
 # dead deliveries, never the delivered history (which is almost all of the table).
-ENDPOINT_STATS = [("outbox.sql", "undelivered_age"), ("status.sql", "endpoint_status")]
+ENDPOINT_STATS = [("outbox.sql", "undelivered_age"), ("status.sql", "endpoint_status"), ("queue.sql", "stats")]
 
 
 @pytest.mark.parametrize(("filename", "statement"), ENDPOINT_STATS)
 async def test_endpoint_statistics_read_indexes_only(planner: asyncpg.Connection, filename: str,
                                                      statement: str) -> None:
-    plan = nodes(await explain(planner, db.query(statement, filename), statement))
+    outbox_queue = next(q for q in QUEUES if q.name == "outbox").queue
+    sql = outbox_queue.sql(statement) if filename == "queue.sql" else db.query(statement, filename)
+    plan = nodes(await explain(planner, sql, statement))
     scanned = await nonempty(planner, {n["Relation Name"] for n in plan if n["Node Type"] == "Seq Scan"})
     assert not {name for name in scanned if name.startswith("deliveries")}, f"{statement} reads {scanned}"
     used = await partitioned_indexes(planner, {n["Index Name"] for n in plan if "Index Name" in n})

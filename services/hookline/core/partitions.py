@@ -140,15 +140,16 @@ async def ensure_partitions(pool: asyncpg.Pool | asyncpg.Connection, table: str 
 
 async def _expire(pool: asyncpg.Pool | asyncpg.Connection, report: PassReport, statement: str,
                   done: datetime.timedelta, dead: datetime.timedelta, batch: int) -> None:
-    """Passes of one retention function until a pass deletes less than a full batch (at most
-    ``MAX_BATCHES``; the rest waits for the next run)."""
+    """Passes of one retention function while a pass dropped a partition (a pass ends at its first
+    drop, so that it never waits for a lock while holding one: migration 0019) or deleted a full
+    batch; at most ``MAX_BATCHES``, the rest waits for the next run."""
     for _ in range(MAX_BATCHES):
-        full = False
+        more = False
         report.kept = 0  # each pass counts them afresh; the last pass's count stands
         for row in await pool.fetch(_query(statement), done, dead, batch, LOCK_WAIT):
             _account(report, row["action"], row["target"], row["affected"])
-            full = full or (row["action"] == "deleted" and row["affected"] >= batch)
-        if not full:
+            more = more or row["action"] == "dropped" or (row["action"] == "deleted" and row["affected"] >= batch)
+        if not more:
             break
 
 
@@ -183,7 +184,7 @@ def _account(report: PassReport, action: str, target: str, affected: int) -> Non
         report.dropped[target] = affected
     elif action == "deleted":
         report.deleted_from[target] = report.deleted_from.get(target, 0) + affected
-    elif action == "drop_deferred":
+    elif action == "drop_deferred" and target not in report.deferred:
         report.deferred.append(target)
     elif action == "kept":
         report.kept += affected
@@ -224,12 +225,19 @@ def _publish(report: PassReport) -> None:
 
 async def expire_by_age(pool: asyncpg.Pool | asyncpg.Connection) -> dict[str, list[str]]:
     """Drop the aged partitions of tables retained by age alone (``partition_config.retain``, migration
-    0012: append-only logs); returns the partitions dropped and deferred."""
+    0012: append-only logs); returns the partitions dropped and deferred. One drop per pass and
+    transaction (migration 0019), at most ``MAX_BATCHES`` passes."""
     done: dict[str, list[str]] = {"dropped": [], "drop_deferred": []}
-    for row in await pool.fetch(_query("expire_by_age"), LOCK_WAIT):
-        done[row["action"]].append(row["target"])
-        if row["action"] == "dropped":
-            metrics.partitions_dropped.labels(parent_of(row["target"])).inc()
+    for _ in range(MAX_BATCHES):
+        rows = await pool.fetch(_query("expire_by_age"), LOCK_WAIT)
+        for row in rows:
+            if row["action"] == "drop_deferred" and row["target"] in done["drop_deferred"]:
+                continue  # deferred again in a later pass of this run
+            done[row["action"]].append(row["target"])
+            if row["action"] == "dropped":
+                metrics.partitions_dropped.labels(parent_of(row["target"])).inc()
+        if not any(row["action"] == "dropped" for row in rows):
+            break
     if done["dropped"]:
         log.info("aged partitions dropped", extra={"partitions": done["dropped"]})
     return done
