@@ -64,7 +64,7 @@ build_debian_base() {
     # What the official slim images leave out too: package caches, indexes, docs, translations.
     rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/cache/apt/*.bin "$root"/var/lib/apt/lists/* \
         "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/* "$root"/usr/share/locale/*
-    tar -C "$root" -c . | podman import \
+    tar -C "$root" -c . | podman import --quiet \
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
         --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' - "$BASE_IMAGE" >/dev/null
     rm -rf "$root"

@@ -39,6 +39,8 @@ IMAGES = {"service": "localhost/hookline-service:dev", "operator": "localhost/ho
 PODMAN_ENV = {**os.environ, "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF",
                                                                 str(REPO / "tests" / "images" / "containers.conf"))}
 REQUIRED = os.environ.get("HOOKLINE_REQUIRE_CLUSTER") == "1"
+# The first test's fixture may build the images (a cold build with debootstrap takes minutes).
+pytestmark = pytest.mark.timeout(1800)
 
 
 def _unavailable(reason: str) -> None:
