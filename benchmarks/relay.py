@@ -67,12 +67,15 @@ async def produce(url: str, count: int, batch: int, rate: float | None) -> dict[
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--quick", action="store_true", help="20,000 events (for make bench)")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--batch", type=int, default=100, help="events per producer transaction")
     parser.add_argument("--rate", type=float, default=None, help="producer events/s (default: as fast as it can)")
     parser.add_argument("--relay-args", default="", help="extra flags for `hookline relay`")
     parser.add_argument("--results", default=None, help="append the figures as JSON lines (for make bench)")
     args = parser.parse_args()
+    if args.quick:
+        args.events = min(args.events, 20_000)
 
     database = BenchDatabase()
     url = await database.start()
