@@ -51,7 +51,7 @@ prometheus:  ## prometheus and promtool from PATH, or built once per machine (ca
 images:  ## build the hookline and hookline-service images with podman from a debootstrapped base, no Docker or registry (OCI archives in ~/.cache/hookline/images)
 	nice -n 19 tests/images/build.sh
 
-bench: $(STAMP)  ## the three benchmarks in a short mode (a few minutes) and one table of every ratio and its target
+bench: $(STAMP)  ## the four benchmarks in a short mode (a few minutes) and one table of every ratio and its target
 	$(BIN)/python -m benchmarks.summary
 
 bench-receiver: $(STAMP)  ## receiver throughput vs the pgbench ceiling (load from wrk when installed)
@@ -66,7 +66,7 @@ bench-relay: $(STAMP)  ## outbox relay: 50,000 events to a local endpoint at con
 bench-operator-stats: $(STAMP)  ## the operator's one statistics query per tick, at 1 million inbox events
 	$(BIN)/python -m benchmarks.operator_stats $(ARGS)
 
-bench-storage: $(STAMP)  ## partitioned inbox: drain with 1 million done events (ARGS="--done 10" for 10) and a held snapshot, stats, a partition drop under ingest
+bench-storage: $(STAMP)  ## partitioned inbox and outbox: drain with 1 million done events (ARGS="--done 10" for 10) and a held snapshot, statistics, partition drops under ingest, sizes under steady load with retention
 	$(BIN)/python -m benchmarks.storage $(ARGS)
 
 clean:  ## remove the virtualenv and dev data

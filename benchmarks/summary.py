@@ -1,4 +1,4 @@
-"""make bench: the three benchmarks in their short mode, and one table of every ratio and its target.
+"""make bench: the four benchmarks in their short mode, and one table of every ratio and its target.
 
 Each benchmark appends its figures to one results file (``--results``); this module runs them one
 after the other (never at the same time: they share the machine's cores) and prints the table,
@@ -23,7 +23,7 @@ RUNS = [
     ["benchmarks.receiver", "--quick"],
     ["benchmarks.worker", "--quick"],
     ["benchmarks.relay", "--quick"],
-    # the storage benchmark's row (benchmarks/storage.py) goes here, in its short mode
+    ["benchmarks.storage", "--quick"],
 ]
 
 
