@@ -53,6 +53,15 @@ IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 # pods (k8s.io, in every v1 hierarchy). Removed at tear-down when the cluster created them.
 HOST_FOLDERS = (Path("/var/lib/kubelet"), Path("/var/log/containers"))
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# The kubelet's own iptables chains (kube-proxy --cleanup leaves them): (table, chain, built-in chains
+# that jump to it).
+KUBELET_CHAINS = (
+    ("filter", "KUBE-FIREWALL", ("INPUT", "OUTPUT")),
+    ("filter", "KUBE-KUBELET-CANARY", ()),
+    ("nat", "KUBE-KUBELET-CANARY", ()),
+    ("mangle", "KUBE-KUBELET-CANARY", ()),
+    ("mangle", "KUBE-IPTABLES-HINT", ()),
+)
 # `make cluster-up` records its process here so that `make cluster-down` can stop it.
 RUN_STATE = Path.home() / ".cache" / "hookline" / "cluster" / "up.json"
 
@@ -158,6 +167,7 @@ class Cluster:
         self.workdir = Path()
         self._ip_forward_before: str | None = None
         self._created_here: list[Path] = []
+        self._kubelet_chains_are_ours = False
 
     # -- paths -------------------------------------------------------------------------------------------------
     def path(self, *parts: str) -> Path:
@@ -187,6 +197,7 @@ class Cluster:
 
     def _start(self) -> None:
         self._created_here = [path for path in (*HOST_FOLDERS, *_pod_cgroups()) if not path.exists()]
+        self._kubelet_chains_are_ours = "KUBE-FIREWALL" not in _iptables_save()
         self.api.start()
         # Pod -> Service -> pod on the same bridge is routed back out of the host: forwarding must be on.
         self._ip_forward_before = IP_FORWARD.read_text().strip()
@@ -427,9 +438,11 @@ state = "{self.path('containerd', 'state')}"
             self._ip_forward_before = None
 
     def _drain_pods(self, timeout: float = 90.0) -> None:
-        self.api.kubectl("delete", "pods", "--all", "--all-namespaces", "--wait=false", "--grace-period=2", check=False)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            # Controllers replace deleted pods until their owners are gone too; repeated for pods created meanwhile.
+            self.api.kubectl("delete", "deployments,statefulsets,replicasets,daemonsets,jobs,pods", "--all",
+                             "--all-namespaces", "--wait=false", "--grace-period=2", check=False)
             pods = self.api.kubectl("get", "pods", "-A", "-o", "name", check=False)
             tasks = self.ctr("tasks", "ls", check=False, timeout=30).stdout.splitlines()[1:]
             if pods.returncode == 0 and not pods.stdout.strip() and not tasks:
@@ -442,6 +455,8 @@ state = "{self.path('containerd', 'state')}"
         subprocess.run([str(self.parts.binaries / "kube-proxy"), "--cleanup"], capture_output=True, check=False)
         subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
         _remove_host_traces(self.workdir, self._created_here)
+        if self._kubelet_chains_are_ours:
+            _remove_kubelet_chains()
         subprocess.run(["rm", "-rf", "--one-file-system", str(self.workdir)], capture_output=True, check=False)
         self.workdir = Path()
 
@@ -520,11 +535,34 @@ def _remove_host_traces(workdir: Path, created_here: list[Path]) -> None:
         if link.is_symlink() and str(link.readlink()).startswith(f"{workdir}/"):
             link.unlink()
     for path in created_here:
-        if path.is_relative_to(CGROUP_ROOT):
-            with contextlib.suppress(OSError):
-                path.rmdir()
-        else:
+        if not path.is_relative_to(CGROUP_ROOT):
             subprocess.run(["rm", "-rf", "--one-file-system", str(path)], capture_output=True, check=False)
+    # The last pods' processes (and the killed shims) take a moment to leave their cgroups.
+    deadline = time.monotonic() + 30
+    cgroups = [path for path in created_here if path.is_relative_to(CGROUP_ROOT)]
+    while cgroups and time.monotonic() < deadline:
+        for path in list(cgroups):
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:  # still busy
+                continue
+            cgroups.remove(path)
+        time.sleep(0.2)
+
+
+def _iptables_save() -> str:
+    return subprocess.run(["iptables-save"], capture_output=True, text=True, check=False).stdout
+
+
+def _remove_kubelet_chains() -> None:
+    for command in ("iptables", "ip6tables"):
+        for table, chain, callers in KUBELET_CHAINS:
+            for caller in callers:
+                subprocess.run([command, "-t", table, "-D", caller, "-j", chain], capture_output=True, check=False)
+            subprocess.run([command, "-t", table, "-F", chain], capture_output=True, check=False)
+            subprocess.run([command, "-t", table, "-X", chain], capture_output=True, check=False)
 
 
 def main(argv: list[str]) -> int:
