@@ -9,6 +9,7 @@ HOOKLINE_REQUIRE_CLUSTER=1 that is a failure instead (CI).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -65,6 +66,7 @@ def images() -> dict[str, str]:
 # -- running a container the way the chart runs it ------------------------------------------------
 
 
+@functools.cache  # one Helm render per session
 def _receiver_container() -> dict[str, Any]:
     pod = render_default().component("Deployment", "receiver")[0]["spec"]["template"]["spec"]
     container: dict[str, Any] = pod["containers"][0]
@@ -115,13 +117,18 @@ def run(image: str, *args: str, entrypoint: str | None = None, env: dict[str, st
 
 
 class Container:
-    """A detached container; removed (and its logs kept for the failure message) on exit."""
+    """A detached container, removed on exit; `logs()` explains a failure."""
 
     def __init__(self, image: str, *args: str, env: dict[str, str]) -> None:
         self.name = f"hookline-test-{uuid.uuid4().hex[:12]}"
         started = podman("run", "--detach", "--name", self.name, *chart_security_flags(), *chart_env(),
                          "--network", "host", *(f"--env={k}={v}" for k, v in env.items()), image, *args)
-        assert started.returncode == 0, started.stderr
+        if started.returncode != 0:
+            self.remove()  # a container can exist although it failed to start
+            raise AssertionError(started.stderr)
+
+    def remove(self) -> None:
+        podman("rm", "--force", "--time", "10", self.name, timeout=60)
 
     def logs(self) -> str:
         logs = podman("logs", self.name)
@@ -135,7 +142,7 @@ class Container:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        podman("rm", "--force", "--time", "10", self.name, timeout=60)
+        self.remove()
 
 
 def http_get(url: str) -> int:
