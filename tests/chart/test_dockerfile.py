@@ -161,6 +161,13 @@ def test_image_venv_holds_a_regular_install(image_venvs: dict[str, Path], image:
     assert Path(result.stdout.strip()).is_relative_to(venv), result.stdout
 
 
+@pytest.mark.parametrize("image", IMAGES)
+def test_image_venv_holds_no_pip(image_venvs: dict[str, Path], image: str) -> None:
+    # pip ran from the build-only virtualenv (PIP_PYTHON); the image's one never had it.
+    result = _run(image_venvs[image], "python", "-c", "import pip")
+    assert result.returncode != 0 and "No module named 'pip'" in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize(("image", "command"), [
     *(("service", c) for c in SERVICE_COMMANDS), *(("operator", c) for c in OPERATOR_COMMANDS),
 ])
