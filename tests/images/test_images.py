@@ -9,6 +9,7 @@ HOOKLINE_REQUIRE_CLUSTER=1 that is a failure instead (CI).
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import json
 import os
@@ -27,7 +28,8 @@ import pytest
 
 from hookline.core.embedded import free_port
 from support import senders
-from support.kube import eventually
+from support.kube import ApiServer, eventually, kget, require_assets
+from support.operator import condition
 from support.postgres import PgServer, database_with_providers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,10 +121,11 @@ def run(image: str, *args: str, entrypoint: str | None = None, env: dict[str, st
 class Container:
     """A detached container, removed on exit; `logs()` explains a failure."""
 
-    def __init__(self, image: str, *args: str, env: dict[str, str]) -> None:
+    def __init__(self, image: str, *args: str, env: dict[str, str], volumes: list[str] | None = None) -> None:
         self.name = f"hookline-test-{uuid.uuid4().hex[:12]}"
         started = podman("run", "--detach", "--name", self.name, *chart_security_flags(), *chart_env(),
-                         "--network", "host", *(f"--env={k}={v}" for k, v in env.items()), image, *args)
+                         "--network", "host", *(f"--env={k}={v}" for k, v in env.items()),
+                         *(f"--volume={v}" for v in volumes or []), image, *args)
         if started.returncode != 0:
             self.remove()  # a container can exist although it failed to start
             raise AssertionError(started.stderr)
@@ -320,3 +323,70 @@ def test_receiver_in_the_image_accepts_a_signed_event_and_a_worker_drains_it(
             raise AssertionError(f"worker did not drain:\n{worker.logs()[-3000:]}") from None
         assert worker.running(), worker.logs()[-3000:]
 
+
+
+# -- the operator image against a real kube-apiserver ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def api_server() -> Iterator[ApiServer]:
+    """etcd + kube-apiserver (tests/envtest) with the CRDs; skipped without them (HOOKLINE_REQUIRE_K8S=1)."""
+    with ApiServer(require_assets()) as server:
+        server.kubectl("apply", "--server-side", "--field-manager=hookline-tests", "-f", str(REPO / "crds"))
+        # Established, then served by discovery: kopf resolves the resource when it starts.
+        eventually(lambda: server.kubectl("get", "whp", "-A", check=False).returncode == 0, "whp in discovery")
+        yield server
+
+
+def portable_kubeconfig(server: ApiServer, folder: Path) -> Path:
+    """The admin kubeconfig with the certificates inline, readable by the container's user (the
+    envtest's own refers to root-only key files by host path)."""
+    pki = server.kubeconfig.parent / "pki"
+
+    def inline(name: str) -> str:
+        return base64.b64encode((pki / name).read_bytes()).decode()
+
+    config = json.loads(server.kubeconfig.read_text())
+    config["clusters"][0]["cluster"] = {"server": server.url, "certificate-authority-data": inline("ca.crt")}
+    config["users"][0]["user"] = {"client-certificate-data": inline("admin.crt"),
+                                  "client-key-data": inline("admin.key")}
+    path = folder / "kubeconfig"
+    path.write_text(json.dumps(config))
+    path.chmod(0o644)  # a throwaway test server's credentials
+    return path
+
+
+PROVIDER = """
+apiVersion: hookline.io/v1alpha1
+kind: WebhookProvider
+metadata: {name: shop}
+spec:
+  signature: {scheme: standard-webhooks}
+  handler: "hookline.examples.handlers:log_event"
+"""
+
+
+@pytest.mark.k8s
+def test_operator_image_reconciles_a_provider(images: dict[str, str], api_server: ApiServer, database_url: str,
+                                              tmp_path: Path) -> None:
+    namespace = f"t-{uuid.uuid4().hex[:10]}"
+    api_server.kubectl("create", "namespace", namespace)
+    kubeconfig = portable_kubeconfig(api_server, tmp_path)
+    port = free_port()
+    args = ["operator", f"--liveness=http://127.0.0.1:{port}/healthz", f"--namespace={namespace}"]
+    env = {"HOOKLINE_DATABASE_URL": database_url, "KUBECONFIG": "/etc/hookline/kubeconfig",
+           "HOOKLINE_WORKER_IMAGE": images["service"]}
+    with Container(images["operator"], *args, env=env,
+                   volumes=[f"{kubeconfig}:/etc/hookline/kubeconfig:ro"]) as operator:
+        try:
+            eventually(lambda: http_get(f"http://127.0.0.1:{port}/healthz") == 200, "kopf's liveness", 90)
+            api_server.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER)
+            ready = eventually(lambda: condition(kget(api_server, namespace, "whp", "shop"), "Ready")
+                               .get("status") == "True", "the provider Ready", 90)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{operator.logs()[-4000:]}") from None
+        assert ready
+        secret = kget(api_server, namespace, "secret", "shop-webhook-secret")
+        assert base64.b64decode(secret["data"]["secret"]).startswith(b"whsec_")
+        assert fetchval(database_url, "SELECT count(*) FROM hookline.providers WHERE name = 'shop'") == 1
+        assert operator.running(), operator.logs()[-4000:]
