@@ -51,6 +51,7 @@ from hookline.relay.endpoints import Endpoint
 log = logging.getLogger(__name__)
 
 RESPONSE_STORED = 1000  # characters of an answer kept in deliveries.last_response
+SUCCESS_COUNT_INTERVAL = 1.0  # seconds successes may wait to be counted for their circuit (see Bookkeeper)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,11 @@ class Bookkeeper:
     first, and a relay with 64 attempts in flight counted 20 failures and no success from an endpoint
     that fails every other attempt: it opened. Why completions and counts share a transaction: one
     connection, BEGIN and COMMIT per batch instead of two (the relay's CPU per delivery).
+
+    Successes alone change no circuit (a closed one opens on failures, a half-open one closes on
+    probes), so a batch of nothing else counts them only once ``SUCCESS_COUNT_INTERVAL`` has passed;
+    until then they wait, in memory, for the next batch with a failure or a probe and are counted
+    before it. A steady stream of deliveries then skips the circuit statements in most batches.
     """
 
     def __init__(self, pool: asyncpg.Pool, worker_id: str, settings: BreakerSettings,
@@ -106,12 +112,21 @@ class Bookkeeper:
         self._settings, self._on_circuits = settings, on_circuits
         self._batcher: Batcher[Booking, bool] = Batcher(self._write, name="relay-bookkeeping", max_batch=max_batch,
                                                         window=window, expected=in_flight)
+        self._uncounted: dict[str, breaker.Outcomes] = {}  # successes not yet counted (one writer: no race)
+        self._counted_at = time.monotonic()
 
     def start(self) -> None:
         self._batcher.start()
 
     async def stop(self) -> None:
         await self._batcher.stop()
+        if self._uncounted:
+            try:
+                async with self._pool.acquire() as conn, conn.transaction():
+                    await breaker.record_outcomes(conn, self._settings, self._uncounted)
+            except Exception as exc:  # advisory counts: a stopping relay does not wait for Postgres
+                log.warning("circuit breaker counts not written at stop", extra={"error": str(exc)[:300]})
+            self._uncounted = {}
 
     async def delivered(self, claimed: Claimed, result: DeliveryResult) -> bool:
         """Book a delivered attempt (and count it): True when booked; False when the lease was lost
@@ -128,13 +143,17 @@ class Bookkeeper:
 
     async def _write(self, batch: list[Booking]) -> list[bool]:
         delivered = [b.delivered for b in batch if b.delivered is not None]
-        outcomes: dict[str, breaker.Outcomes] = {}
+        outcomes = dict(self._uncounted)
         for b in batch:
             outcomes[b.endpoint] = outcomes.get(b.endpoint, breaker.Outcomes()).plus(ok=b.ok, probe=b.probe)
+        now = time.monotonic()
+        count = now >= self._counted_at + SUCCESS_COUNT_INTERVAL or any(not b.ok or b.probe for b in batch)
+        updates: list[CircuitUpdate] = []
         async with self._pool.acquire() as conn, conn.transaction():
             done = await self._complete(conn, delivered) if delivered else set()
-            # Last: the endpoint rows it locks stay locked until the commit, and relays take turns.
-            updates = await breaker.record_outcomes(conn, self._settings, outcomes)
+            if count:  # last: the endpoint rows it locks stay locked until the commit, and relays take turns
+                updates = await breaker.record_outcomes(conn, self._settings, outcomes)
+        self._uncounted, self._counted_at = ({}, now) if count else (outcomes, self._counted_at)
         self._on_circuits(updates)
         return [b.delivered is None or b.delivered[0].id in done for b in batch]
 
