@@ -236,5 +236,7 @@ async def test_endpoint_retention_from_the_cli(database_url: str, pool: asyncpg.
     assert reset.returncode == 0 and "1.5h" in reset.stdout and "default" in reset.stdout
     assert tuple(await pool.fetchrow("SELECT retention_done_hours, retention_dead_days FROM hookline.endpoints")) == (
         1.5, None)
+    listed = await asyncio.to_thread(hookline_cli, database_url, "endpoints", "list")
+    assert "1.5h/default" in listed.stdout
     missing = await asyncio.to_thread(hookline_cli, database_url, "endpoints", "set-retention", "nope")
     assert missing.returncode == 2 and "no endpoint named" in missing.stderr

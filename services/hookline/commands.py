@@ -246,12 +246,14 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
             if not args.secret:
                 print(f"secret (shown once; verify deliveries with it): {secret}")
         elif args.action == "list":
-            print(f"{'NAME':<20} {'STATE':<9} {'ORDERED':<8} {'EVENT TYPES':<28} {'SECRET':<20} URL")
+            print(f"{'NAME':<20} {'STATE':<9} {'ORDERED':<8} {'EVENT TYPES':<28} {'SECRET':<20} "
+                  f"{'KEPT DONE/DEAD':<15} URL")
             for e in await endpoints.load(conn):
                 state = "disabled" if not e.enabled else str(e.circuit.state)  # closed, open, half_open
                 secret = endpoints.fingerprint(e.secrets[0]) if e.secrets else "-"
+                kept = f"{_kept(e.done_hours, 'h')}/{_kept(e.dead_days, 'd')}"
                 print(f"{e.name:<20} {state:<9} {'yes' if e.ordered else 'no':<8} "
-                      f"{','.join(e.event_types):<28} {secret:<20} {e.url}")
+                      f"{','.join(e.event_types):<28} {secret:<20} {kept:<15} {e.url}")
         elif args.action == "set-retention":
             try:
                 found = await endpoints.set_retention(conn, args.name, args.done_hours, args.dead_days)
@@ -285,6 +287,10 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
 
 def _or_default(value: float | None, unit: str) -> str:
     return "the install's default" if value is None else f"{value:g}{unit}"
+
+
+def _kept(value: float | None, unit: str) -> str:
+    return "default" if value is None else f"{value:g}{unit}"
 
 
 async def status(args: argparse.Namespace) -> int:

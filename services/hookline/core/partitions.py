@@ -37,6 +37,10 @@ DELIVERIES = "hookline.deliveries"
 PARTITION_INTERVAL = 60.0  # seconds between the manager's passes
 BATCH = 5000  # rows per batch delete: short transactions, little WAL at once
 MAX_BATCHES = 20  # per pass; the rest waits for the next pass
+# Drops per run and table: each is a pass and a transaction of its own (migration 0019), so they
+# are counted apart from the batches, and many aged partitions (after an outage, or partitions of
+# seconds in tests) cannot use up the batch deletes' turn.
+MAX_DROPS = 200
 _PARTITION_SUFFIX = re.compile(r"_(p\d{8}_\d{6}|legacy|default)$")
 LOCK_WAIT = datetime.timedelta(seconds=1)  # longest a drop waits for its lock before deferring
 
@@ -142,14 +146,19 @@ async def _expire(pool: asyncpg.Pool | asyncpg.Connection, report: PassReport, s
                   done: datetime.timedelta, dead: datetime.timedelta, batch: int) -> None:
     """Passes of one retention function while a pass dropped a partition (a pass ends at its first
     drop, so that it never waits for a lock while holding one: migration 0019) or deleted a full
-    batch; at most ``MAX_BATCHES``, the rest waits for the next run."""
-    for _ in range(MAX_BATCHES):
-        more = False
+    batch; at most ``MAX_DROPS`` drops and ``MAX_BATCHES`` other passes, the rest waits for the
+    next run."""
+    drops = batches = 0
+    while drops < MAX_DROPS and batches < MAX_BATCHES:
         report.kept = 0  # each pass counts them afresh; the last pass's count stands
-        for row in await pool.fetch(_query(statement), done, dead, batch, LOCK_WAIT):
+        rows = await pool.fetch(_query(statement), done, dead, batch, LOCK_WAIT)
+        for row in rows:
             _account(report, row["action"], row["target"], row["affected"])
-            more = more or row["action"] == "dropped" or (row["action"] == "deleted" and row["affected"] >= batch)
-        if not more:
+        if any(row["action"] == "dropped" for row in rows):
+            drops += 1
+        elif any(row["action"] == "deleted" and row["affected"] >= batch for row in rows):
+            batches += 1
+        else:
             break
 
 
@@ -226,9 +235,9 @@ def _publish(report: PassReport) -> None:
 async def expire_by_age(pool: asyncpg.Pool | asyncpg.Connection) -> dict[str, list[str]]:
     """Drop the aged partitions of tables retained by age alone (``partition_config.retain``, migration
     0012: append-only logs); returns the partitions dropped and deferred. One drop per pass and
-    transaction (migration 0019), at most ``MAX_BATCHES`` passes."""
+    transaction (migration 0019), at most ``MAX_DROPS``."""
     done: dict[str, list[str]] = {"dropped": [], "drop_deferred": []}
-    for _ in range(MAX_BATCHES):
+    for _ in range(MAX_DROPS):
         rows = await pool.fetch(_query("expire_by_age"), LOCK_WAIT)
         for row in rows:
             if row["action"] == "drop_deferred" and row["target"] in done["drop_deferred"]:
