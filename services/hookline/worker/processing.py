@@ -39,11 +39,9 @@ Three paths, chosen by the provider:
 from __future__ import annotations
 
 import asyncio
-import functools
 import importlib
 import inspect
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -63,15 +61,6 @@ from hookline.worker.event import Event
 log = logging.getLogger(__name__)
 
 Handler = Callable[..., Awaitable[None]]
-
-
-@functools.cache
-def _completion_template() -> str:
-    """``complete_in_batch`` with its parameters as format fields, rendered once."""
-    lines = db.query("complete_in_batch").splitlines()
-    sql = "\n".join(line for line in lines if not line.lstrip().startswith("--")).strip().rstrip(";")
-    assert "{" not in sql and "}" not in sql
-    return re.sub(r"\$([123])\b", lambda m: "{" + str(int(m.group(1)) - 1) + "}", sql)
 
 
 class Result(Enum):
@@ -215,9 +204,15 @@ class TransactionBatches:
                     await conn.execute(f"SAVEPOINT {savepoint}")
                 outcomes[i], savepoint = await self._run_one(conn, jobs[i], savepoint, f"hookline_job_{ran + 1}")
                 ran += 1
-            self._job_seconds = 0.7 * self._job_seconds + 0.3 * (time.monotonic() - began) / ran
+            self.record_pace(time.monotonic() - began, ran)
         metrics.worker_batch_size.observe(ran)
         return outcomes
+
+    def record_pace(self, seconds: float, jobs: int = 1) -> None:
+        """``jobs`` ran in ``seconds``, their commit not counted (``run_alone`` reports its job's
+        time here too: a slow moment, such as a cold pool, must not pin the limit at one job for
+        good, as it would if only batches of several measured the pace)."""
+        self._job_seconds = 0.7 * self._job_seconds + 0.3 * seconds / jobs
 
 
 class Processor:
@@ -235,7 +230,6 @@ class Processor:
         self._concurrency = max(1, concurrency)
         self._batch_seconds = batch_seconds
         self._batches: dict[str, TransactionBatches] = {}
-        self._quoted_worker_id = "'" + worker_id.replace("'", "''") + "'"
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Let running batches commit (their callers are gone or done); cut them off after ``timeout``."""
@@ -276,22 +270,26 @@ class Processor:
         self._effect_done(event.id)
         return Outcome(await self._book_effect(event, provider))
 
-    async def _in_own_transaction(self, job: Job) -> Result:
+    async def _in_own_transaction(self, job: Job, pace: Callable[[float], None] | None = None) -> Result:
+        """``pace``: told how long the job took in its transaction (its commit not counted)."""
         event = job.event
         async with self.pool.acquire() as conn, conn.transaction():
+            began = time.monotonic()
             result = await self._apply(conn, job)
             # The guarded UPDATE proves the lease is still ours; if it is not, raising rolls the
             # handler's writes back with it, so a lost lease never commits an effect.
             if result is Result.DONE and not await INBOX.complete(conn, [(event.id, event.attempts)],
                                                                   self.worker_id):
                 raise LeaseLost()
+            if pace is not None:
+                pace(time.monotonic() - began)
             return result
 
     async def _batch_of_one(self, job: Job) -> Outcome:
         """A batch of one job (the idle case): its own transaction, no savepoint round trips; a
         failure is booked after the rollback, as outside batches."""
         try:
-            return Outcome(await self._in_own_transaction(job))
+            return Outcome(await self._in_own_transaction(job, self._batches_of(job.provider).record_pace))
         except LeaseLost:
             return Outcome(Result.LOST)
         except asyncio.CancelledError as exc:
@@ -318,15 +316,15 @@ class Processor:
         for the next job (None: open one)."""
         try:
             result = await self._apply(conn, job)
-            if result is Result.DONE:
-                # Completion, release and the next job's savepoint in one round trip; a lost
-                # lease fails the completion, and the rest is not run.
-                await conn.execute(f"{self._complete_in_batch(job.event)}; RELEASE SAVEPOINT {savepoint}; "
-                                   f"SAVEPOINT {next_savepoint}")
-            else:
-                await conn.execute(f"RELEASE SAVEPOINT {savepoint}; SAVEPOINT {next_savepoint}")
+            # The guarded completion as a prepared statement: its plan is cached. (Sent with the
+            # savepoint commands as one literal string, it was planned afresh for every event, a
+            # plan of every inbox partition: more server time than the round trip it saved.)
+            if result is Result.DONE and not await INBOX.complete(conn, [(job.event.id, job.event.attempts)],
+                                                                  self.worker_id):
+                raise LeaseLost()
+            await conn.execute(f"RELEASE SAVEPOINT {savepoint}; SAVEPOINT {next_savepoint}")
             return Outcome(result), next_savepoint
-        except (LeaseLost, asyncpg.DivisionByZeroError):
+        except LeaseLost:
             await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}; RELEASE SAVEPOINT {savepoint}")
             return Outcome(Result.LOST), None
         except asyncio.CancelledError as exc:
@@ -342,11 +340,6 @@ class Processor:
         # the time since, so the backoff starts when the attempt failed.
         since_begin = float(await conn.fetchval(db.query("transaction_age")))
         return await self._book_failure(conn, job.event, job.provider, failure, since_begin), None
-
-    def _complete_in_batch(self, event: Event) -> str:
-        """``complete_in_batch`` with its values as literals (a multi-statement round trip takes no
-        parameters): two integers, and this worker's id quoted."""
-        return _completion_template().format(int(event.id), int(event.attempts), self._quoted_worker_id)
 
     async def _book_effect(self, event: Event, provider: Provider) -> Result:
         """Write "done" for an effect that happened outside our database (see ``write_completion``:

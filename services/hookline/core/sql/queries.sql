@@ -282,24 +282,6 @@ WHERE status = 'dead' AND ($1::text IS NULL OR provider = $1) AND event_type = $
 -- advisory lock, held until the connection ends, so a dead leader frees it at once.
 SELECT pg_try_advisory_lock(hashtext('hookline.maintenance'), hashtext($1));
 
--- name: complete_in_batch
--- The guarded completion of one event of a batch of transactional handlers: it
--- fails (division by zero) when the lease is no longer ours ($1 id, $2 attempts,
--- $3 worker), so that it can share one round trip with the savepoint commands
--- after it; the error stops them, and the event's savepoint is rolled back. The
--- attempt is logged as `complete` in queue.sql logs it (migration 0016).
-WITH done AS (
-    UPDATE hookline.inbox AS t
-    SET status = 'done', processed_at = now(), lease_expires_at = NULL, locked_by = NULL,
-        last_error = NULL, deferred_since = NULL, suspect = false
-    WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
-    RETURNING t.id, t.provider, t.attempts, extract(epoch FROM clock_timestamp() - t.claimed_at) * 1000 AS latency_ms
-)
-SELECT 1 / count(*),
-       hookline.log_attempts('inbox', array_agg(id), array_agg(provider), array_agg(attempts), array_agg($3::text),
-                             array_agg('done'::text), NULL, NULL, array_agg(latency_ms))
-FROM done;
-
 -- name: transaction_age
 -- Seconds since the current transaction began (now() stands still inside it).
 SELECT extract(epoch FROM clock_timestamp() - now());

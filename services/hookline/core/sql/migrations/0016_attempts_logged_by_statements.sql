@@ -5,7 +5,7 @@
 -- Why: the AFTER UPDATE row triggers of 0013 ran a PL/pgSQL function and a one-row
 -- INSERT for every completion (~100 µs each), while a worker completes events in batches
 -- of hundreds. Now each booking statement of queue.sql (complete, retry, bury,
--- requeue_expired), complete_in_batch and disable_endpoint hands the rows it booked to
+-- requeue_expired) and disable_endpoint hands the rows it booked to
 -- hookline.log_attempts in the same statement: one call and one INSERT ... SELECT per
 -- batch, committed atomically with the outcome, as the trigger was. What is logged is
 -- unchanged: the first 20 attempts of a run and its final one (hookline.attempt_logged).
