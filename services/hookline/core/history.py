@@ -100,7 +100,7 @@ async def event_record(conn: asyncpg.Connection, ref: EventRef) -> dict[str, Any
             **{key: _plain(row[key]) for key in EVENT_FIELDS},
             "headers": redact_headers(row["headers"] or {}), "body_bytes": row["body_bytes"],
             "body_preview": preview(bytes(row["body_preview"]), row["body_bytes"]),
-            "attempt_log": await _attempts(conn, "inbox", row["id"])}
+            "attempt_log": await _attempts(conn, "inbox", row["id"], row["received_at"])}
 
 
 async def delivery_records(conn: asyncpg.Connection, ref: str) -> list[dict[str, Any]]:
@@ -114,7 +114,8 @@ async def delivery_records(conn: asyncpg.Connection, ref: str) -> list[dict[str,
     return [{"id": r["id"], "event_id": r["event_id"], "event_type": r["event_type"], "endpoint": r["endpoint"],
              **{key: _plain(r[key]) for key in DELIVERY_FIELDS},
              "aggregate_type": r["aggregate_type"], "aggregate_id": r["aggregate_id"],
-             "payload_preview": r["payload_preview"], "attempt_log": await _attempts(conn, "deliveries", r["id"])}
+             "payload_preview": r["payload_preview"],
+             "attempt_log": await _attempts(conn, "deliveries", r["id"], r["created_at"])}
             for r in rows]
 
 
@@ -177,9 +178,10 @@ async def replay_event(conn: asyncpg.Connection, ref: EventRef) -> str:
     return f"{name}: requeued (attempts start again)"
 
 
-async def _attempts(conn: asyncpg.Connection, queue: str, row_id: int) -> list[dict[str, Any]]:
+async def _attempts(conn: asyncpg.Connection, queue: str, row_id: int, created: datetime) -> list[dict[str, Any]]:
+    """The logged attempts of one row, which was created at ``created`` (none is older)."""
     return [{key: _plain(a[key]) for key in ATTEMPT_FIELDS}
-            for a in await conn.fetch(db.query("attempts_of", "history.sql"), queue, row_id)]
+            for a in await conn.fetch(db.query("attempts_of", "history.sql"), queue, row_id, created)]
 
 
 def _attempt_lines(attempts: list[dict[str, Any]]) -> list[str]:

@@ -22,9 +22,11 @@ FROM hookline.inbox
 WHERE (provider = $1 AND event_id = $2) OR id = $3::bigint;
 
 -- name: attempts_of
--- Every logged attempt of one row of one queue (attempts_row_idx), oldest first.
+-- Every logged attempt of one row of one queue (attempts_row_idx), oldest first. $3
+-- is when the row was created (an event's received_at, a delivery's created_at): no
+-- attempt is older, so the partitions of the log before it are pruned (migration 0017).
 SELECT at, attempt, worker, outcome, error, http_status, latency_ms FROM hookline.attempts
-WHERE queue = $1 AND row_id = $2
+WHERE queue = $1 AND row_id = $2 AND at >= $3::timestamptz
 ORDER BY at, attempt;
 
 -- name: find_deliveries

@@ -112,7 +112,10 @@ WITH answers AS (
 )
 UPDATE hookline.attempts AS a SET http_status = r.status, latency_ms = r.latency_ms
 FROM answers AS r JOIN recorded USING (id)
-WHERE a.queue = 'deliveries' AND a.row_id = r.id AND a.attempt = recorded.attempts AND a.latency_ms IS NULL;
+WHERE a.queue = 'deliveries' AND a.row_id = r.id AND a.attempt = recorded.attempts AND a.latency_ms IS NULL
+  -- Logged earlier in this transaction, so not before it began: only the newest
+  -- partitions of the log are searched (migration 0017).
+  AND a.at >= now();
 
 -- name: lock_circuits
 -- The circuit breaker columns of endpoints $1 (sorted by the caller: relays lock
