@@ -23,6 +23,7 @@ from hookline.core.embedded import free_port
 from hookline.core.signatures import get_scheme
 from hookline.relay import endpoints
 from hookline.relay.breaker import BreakerSettings, Circuit, CircuitState, Outcomes, granted_probe, record
+from hookline.relay.service import Relay
 from support.endpoints import Answer, Received, TestEndpoint, wait_for
 from support.processes import ServiceProcess, hookline_cli, relay
 
@@ -255,3 +256,37 @@ async def probes(services: list[ServiceProcess]) -> float:
 
 async def _at_least(services: list[ServiceProcess], count: float) -> bool:
     return await probes(services) >= count
+
+
+async def counted_successes(pool: asyncpg.Pool, endpoint: str) -> int:
+    return int(await pool.fetchval("SELECT window_successes + previous_successes FROM hookline.endpoints "
+                                   "WHERE name = $1", endpoint))
+
+
+async def test_held_successes_are_counted_by_an_idle_relay_and_at_stop(pool: asyncpg.Pool) -> None:
+    """Successes alone wait in memory to be counted (relay/service.py Bookkeeper); an idle relay
+    still counts every one of them, and a stopping relay counts what it holds."""
+    async with TestEndpoint(new_secret()) as ep:
+        await register(pool, "steady", ep.url, ep.secret)
+        first = Relay(pool, allow_private_networks=True, poll_interval=0.1, concurrency=8, grace_period=2.0)
+        await first.start()
+        try:
+            await publish_many(pool, 30)
+            await wait_for(lambda: len(ep.delivered()) == 30)
+            # Nothing more to deliver: no later batch carries them; the relay's own job counts them.
+            await wait_for(lambda: _counted(pool, "steady", 30), timeout=15)
+        finally:
+            await first.stop()
+        second = Relay(pool, allow_private_networks=True, poll_interval=0.1, concurrency=8, grace_period=2.0)
+        await second.start()
+        try:
+            await publish_many(pool, 5)
+            await wait_for(lambda: len(ep.delivered()) == 35)
+        finally:
+            await second.stop()  # at once, whether or not its job ran since
+        assert await counted_successes(pool, "steady") == 35
+        assert ep.invalid == []
+
+
+async def _counted(pool: asyncpg.Pool, endpoint: str, n: int) -> bool:
+    return await counted_successes(pool, endpoint) >= n

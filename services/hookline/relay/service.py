@@ -100,6 +100,8 @@ class Bookkeeper:
     probes), so a batch of nothing else counts them only once ``SUCCESS_COUNT_INTERVAL`` has passed;
     until then they wait, in memory, for the next batch with a failure or a probe and are counted
     before it. A steady stream of deliveries then skips the circuit statements in most batches.
+    ``count_held`` (the relay's maintainer runs it every interval) counts what an idle relay still
+    holds, so old successes never dilute a later window's failures.
     """
 
     def __init__(self, pool: asyncpg.Pool, worker_id: str, settings: BreakerSettings,
@@ -112,21 +114,29 @@ class Bookkeeper:
         self._settings, self._on_circuits = settings, on_circuits
         self._batcher: Batcher[Booking, bool] = Batcher(self._write, name="relay-bookkeeping", max_batch=max_batch,
                                                         window=window, expected=in_flight)
-        self._uncounted: dict[str, breaker.Outcomes] = {}  # successes not yet counted (one writer: no race)
+        self._uncounted: dict[str, breaker.Outcomes] = {}  # successes not yet counted
         self._counted_at = time.monotonic()
+        self._counting = asyncio.Lock()  # batches and count_held take turns with the held counts
 
     def start(self) -> None:
         self._batcher.start()
 
     async def stop(self) -> None:
         await self._batcher.stop()
-        if self._uncounted:
-            try:
-                async with self._pool.acquire() as conn, conn.transaction():
-                    await breaker.record_outcomes(conn, self._settings, self._uncounted)
-            except Exception as exc:  # advisory counts: a stopping relay does not wait for Postgres
-                log.warning("circuit breaker counts not written at stop", extra={"error": str(exc)[:300]})
-            self._uncounted = {}
+        try:
+            await self.count_held(at_once=True)
+        except Exception as exc:  # advisory counts: a stopping relay does not wait for Postgres
+            log.warning("circuit breaker counts not written at stop", extra={"error": str(exc)[:300]})
+
+    async def count_held(self, *, at_once: bool = False) -> None:
+        """Count the successes held back once they waited ``SUCCESS_COUNT_INTERVAL`` (``at_once``: now)."""
+        async with self._counting:
+            if not self._uncounted or not (at_once or time.monotonic() >= self._counted_at + SUCCESS_COUNT_INTERVAL):
+                return
+            async with self._pool.acquire() as conn, conn.transaction():
+                updates = await breaker.record_outcomes(conn, self._settings, self._uncounted)
+            self._uncounted, self._counted_at = {}, time.monotonic()
+        self._on_circuits(updates)
 
     async def delivered(self, claimed: Claimed, result: DeliveryResult) -> bool:
         """Book a delivered attempt (and count it): True when booked; False when the lease was lost
@@ -142,6 +152,10 @@ class Bookkeeper:
             log.warning("circuit breaker count failed", extra={"endpoint": endpoint, "error": str(exc)[:300]})
 
     async def _write(self, batch: list[Booking]) -> list[bool]:
+        async with self._counting:
+            return await self._write_counting(batch)
+
+    async def _write_counting(self, batch: list[Booking]) -> list[bool]:
         delivered = [b.delivered for b in batch if b.delivered is not None]
         outcomes = dict(self._uncounted)
         for b in batch:
@@ -185,11 +199,14 @@ class Relay(LeasedConsumer):
         self.host, self.port = host, port
         self.lease_seconds = lease_seconds
         self.breaker_settings = breaker or BreakerSettings()
-        # Rescuing leases runs on the relays' elected leader; each relay its own gauges.
+        self.bookkeeper = Bookkeeper(pool, self.worker_id, self.breaker_settings, self._circuits_changed,
+                                     in_flight=lambda: len(self.in_flight) + len(self.completing))
+        # Rescuing leases runs on the relays' elected leader; each relay its own gauges and held counts.
         self.maintainer = Maintainer("outbox", [
             lease_rescuer(pool, lambda: {e.name: e.retry for e in self._endpoints.values()}, OUTBOX,
                           sweep_interval, swept=self._swept),
             Job("outbox-stats", self.refresh_stats, stats_interval, per_process=True),
+            Job("circuit-counts", self.bookkeeper.count_held, SUCCESS_COUNT_INTERVAL, per_process=True),
         ], leader_connection or DedicatedConnection(pool))
         # The partition manager (core/partitions.py: partitions ahead, retention of the inbox and of
         # the outbox) runs here too: relays hold the full credential in every install (the chart's
@@ -200,8 +217,6 @@ class Relay(LeasedConsumer):
             retention = dataclasses.replace(retention, endpoint_done_hours=retention_hours)
         self.inbox_maintainer = partitions_maintainer(pool, partitions_connection or DedicatedConnection(pool),
                                                       retention)
-        self.bookkeeper = Bookkeeper(pool, self.worker_id, self.breaker_settings, self._circuits_changed,
-                                     in_flight=lambda: len(self.in_flight) + len(self.completing))
         self.session = delivery.create_session(allow_private_networks=allow_private_networks,
                                                connections=concurrency)
         self._endpoints: dict[str, Endpoint] = {}
