@@ -21,8 +21,8 @@
 # --build-arg PYTHON_IMAGE=localhost/debian-python:bookworm (Debian's /usr/bin/python3 + python3-venv).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
-# ---- build: a virtualenv with the dependencies, then the package --------------------------------
-FROM ${PYTHON_IMAGE} AS build
+# ---- deps: a virtualenv with the dependencies only -------------------------------------------------
+FROM ${PYTHON_IMAGE} AS deps
 # The image's virtualenv never holds pip: pip lives in a build-only virtualenv and installs into the
 # image's one through PIP_PYTHON (pip's --python). `python3`, not `python`: a Debian base has only
 # python3 (/usr/bin/python3); the official image has both.
@@ -35,11 +35,23 @@ RUN python3 -m venv /opt/build-tools \
     && python3 -m venv --without-pip "$VIRTUAL_ENV"
 ENV PATH="/opt/venv/bin:/opt/build-tools/bin:$PATH"
 WORKDIR /src
-# Dependencies get their own layer: it is rebuilt only when pyproject.toml changes, not on every
-# source edit. Every dependency ships manylinux wheels, so no compiler is needed (--only-binary).
+# Dependencies get their own layers, before any source: rebuilt only when pyproject.toml changes,
+# not on every source edit. Every dependency ships manylinux wheels, so no compiler is needed
+# (--only-binary).
 COPY pyproject.toml ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
-    && pip install --only-binary=:all: -r requirements.txt
+    && pip install --only-binary=:all: -r requirements.txt \
+    && python -m compileall -q "$VIRTUAL_ENV"
+
+# ---- deps-operator: the same plus the `operator` extra (kopf, kubernetes) ---------------------------
+FROM deps AS deps-operator
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['operator']))" > operator-requirements.txt \
+    && pip install --only-binary=:all: -r operator-requirements.txt \
+    && python -m compileall -q "$VIRTUAL_ENV"
+
+# ---- build / build-operator: the package on each set of dependencies (the same steps twice, so a
+# source edit reinstalls only the package, never the Kubernetes client) ------------------------------
+FROM deps AS build
 COPY README.md ./
 COPY services ./services
 COPY operator ./operator
@@ -47,10 +59,11 @@ COPY operator ./operator
 RUN pip install --no-deps . \
     && python -m compileall -q "$VIRTUAL_ENV"
 
-# ---- build-operator: the same virtualenv plus the `operator` extra (kopf, kubernetes) ------------
-FROM build AS build-operator
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['operator']))" > operator-requirements.txt \
-    && pip install --only-binary=:all: -r operator-requirements.txt \
+FROM deps-operator AS build-operator
+COPY README.md ./
+COPY services ./services
+COPY operator ./operator
+RUN pip install --no-deps . \
     && python -m compileall -q "$VIRTUAL_ENV"
 
 # ---- runtime: the slim base and the settings both images share; no pip, no build tree, no compilers

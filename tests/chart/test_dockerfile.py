@@ -89,27 +89,36 @@ def test_image_has_no_build_tools_or_caches(dockerfile: Dockerfile, image: str, 
     copies = dockerfile.inherited(stage, "COPY")
     assert len(copies) == 1, f"the {image} image copies one virtualenv, nothing else: {copies}"
     assert copies[0].value.split() == [f"--from={venv_stage}", "/opt/venv", "/opt/venv"], f"line {copies[0].line}"
-    build = dockerfile.stage("build")
-    env = " ".join(e.value for e in build.all("ENV"))
+    env = " ".join(e.value for e in dockerfile.inherited(dockerfile.stage(venv_stage), "ENV"))
     assert "PIP_NO_CACHE_DIR=1" in env
 
 
 def test_operator_image_adds_exactly_the_operator_extra(dockerfile: Dockerfile) -> None:
-    build_operator = dockerfile.stage("build-operator")
-    assert build_operator.base == "build", "the operator's venv is the service venv plus the extra"
-    installs = [r.value for r in build_operator.all("RUN") if "pip install" in r.value]
+    deps_operator = dockerfile.stage("deps-operator")
+    assert deps_operator.base == "deps", "the operator's dependencies are the service's plus the extra"
+    installs = [r.value for r in deps_operator.all("RUN") if "pip install" in r.value]
     # The extra's requirements are read from pyproject.toml (never a second list to keep in step).
     assert installs and all("['optional-dependencies']['operator']" in v for v in installs), installs
-    assert not build_operator.all("COPY"), "the operator stage installs from pyproject.toml already copied"
+    assert not deps_operator.all("COPY"), "the extra is installed from the pyproject.toml already copied"
+    # The package itself goes onto both sets of dependencies by the same steps.
+    build, build_operator = dockerfile.stage("build"), dockerfile.stage("build-operator")
+    assert (build.base, build_operator.base) == ("deps", "deps-operator")
+    steps = [[(i.keyword, i.value) for i in stage.instructions] for stage in (build, build_operator)]
+    assert steps[0] == steps[1]
 
 
-def test_dependencies_get_their_own_layer(dockerfile: Dockerfile) -> None:
-    steps = [(i.keyword, i.value) for i in dockerfile.stage("build").instructions if i.keyword in ("COPY", "RUN")]
+@pytest.mark.parametrize("venv_stage", IMAGES.values())
+def test_dependencies_get_their_own_layers(dockerfile: Dockerfile, venv_stage: str) -> None:
+    # Every dependency (the operator's Kubernetes client too) is installed before any source is
+    # copied, so a source edit rebuilds only the package's layer.
+    lineage = dockerfile.lineage(dockerfile.stage(venv_stage))
+    steps = [(i.keyword, i.value) for s in lineage for i in s.instructions if i.keyword in ("COPY", "RUN")]
     first_source = next(n for n, (k, v) in enumerate(steps) if k == "COPY" and v.startswith("services"))
-    before = steps[:first_source]
+    before, after = steps[:first_source], steps[first_source:]
     assert ("COPY", "pyproject.toml ./") in before
     assert any(k == "RUN" and "pip install" in v and "requirements" in v for k, v in before)
-    installs = [v for k, v in steps[first_source:] if k == "RUN" and "pip install" in v]
+    assert not any(k == "RUN" and "requirements" in v for k, v in after), after
+    installs = [v for k, v in after if k == "RUN" and "pip install" in v]
     # A regular install of the project: `-e` would leave the code pointing at /src, not copied over.
     assert installs and all(" -e " not in v and "--editable" not in v for v in installs)
 
