@@ -188,13 +188,13 @@ def inbox_stats_refresher(pool: asyncpg.Pool, registry: ProviderRegistry, interv
 
 def partition_manager(pool: asyncpg.Pool, retention: partitions.Retention,
                       interval: float = partitions.PARTITION_INTERVAL) -> Job:
-    """The leader's partition pass every ``interval``: partitions created ahead, aged ones dropped
-    (``core/partitions.py``)."""
+    """The leader's partition pass every ``interval``: partitions of every registered table created
+    ahead; retention of the inbox, the outbox with its deliveries, and logs (``core/partitions.py``)."""
 
     async def manage() -> None:
         await partitions.manage_partitions(pool, retention)
 
-    return Job("partition-manager:hookline.inbox", manage, interval)
+    return Job("partition-manager", manage, interval)
 
 
 def inbox_maintainer(pool: asyncpg.Pool, registry: ProviderRegistry, connection: DedicatedConnection, *,
