@@ -31,7 +31,7 @@ lint: $(STAMP)  ## ruff
 typecheck: $(STAMP)  ## mypy --strict on the project's packages
 	$(BIN)/mypy
 
-pytest: $(STAMP) envtest prometheus  ## the test suite (real Postgres, real processes, a real kube-apiserver and Prometheus)
+pytest: $(STAMP) envtest prometheus cluster images  ## the test suite (real Postgres, real processes, a real kube-apiserver, Prometheus and pods on a local cluster)
 	$(BIN)/pytest $(ARGS)
 
 envtest:  ## build etcd, kube-apiserver and kubectl once per machine (cached in ~/.cache/hookline/envtest)
