@@ -571,8 +571,16 @@ def main(argv: list[str]) -> int:
         if not RUN_STATE.exists():
             print("no cluster started by `make cluster-up` is running")
             return 0
-        os.kill(json.loads(RUN_STATE.read_text())["pid"], signal.SIGTERM)
-        print("stopping the cluster (its `make cluster-up` terminal shows when it is gone)")
+        try:
+            os.kill(json.loads(RUN_STATE.read_text())["pid"], signal.SIGTERM)
+        except ProcessLookupError:  # killed without tearing down: its folders and rules may be left
+            RUN_STATE.unlink()
+            print("the `make cluster-up` process is gone without stopping its cluster", file=sys.stderr)
+            return 1
+        deadline = time.monotonic() + 180
+        while RUN_STATE.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        print("cluster stopped" if not RUN_STATE.exists() else "the cluster is still stopping after 3 minutes")
         return 0
     if argv[1:] != ["up"]:
         print(f"usage: {argv[0]} up|down", file=sys.stderr)
@@ -585,15 +593,18 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    with Cluster(find_parts()) as cluster:
-        RUN_STATE.write_text(json.dumps({"pid": os.getpid(), "kubeconfig": str(cluster.api.kubeconfig)}))
-        print(f"cluster up: node {NODE_NAME} Ready\n  export KUBECONFIG={cluster.api.kubeconfig}\n"
-              f"  helm: {cluster.parts.binaries / 'helm'}\nCtrl-C or `make cluster-down` stops it.", flush=True)
-        try:
+    try:
+        with Cluster(find_parts()) as cluster:
+            RUN_STATE.write_text(json.dumps({"pid": os.getpid(), "kubeconfig": str(cluster.api.kubeconfig)}))
+            print(f"cluster up: node {NODE_NAME} Ready\n  export KUBECONFIG={cluster.api.kubeconfig}\n"
+                  f"  helm: {cluster.parts.binaries / 'helm'}\nCtrl-C or `make cluster-down` stops it.", flush=True)
             while not stop:
                 time.sleep(0.5)
-        finally:
-            RUN_STATE.unlink(missing_ok=True)
+            print("stopping: pods, processes, mounts, network", flush=True)
+    finally:
+        # Only once everything is gone: `make cluster-down` waits for this file to disappear.
+        RUN_STATE.unlink(missing_ok=True)
+    print("cluster down", flush=True)
     return 0
 
 
