@@ -121,6 +121,31 @@ async def test_a_worker_role_reaches_only_its_namespace(owner: asyncpg.Connectio
     assert await owner.fetchval("SELECT state FROM hookline.entity_states WHERE provider = 'pay-b'") == "s"
 
 
+async def test_a_worker_role_logs_attempts_of_its_own_events_only(owner: asyncpg.Connection,
+                                                                 scram_server: EmbeddedPostgres) -> None:
+    """hookline.log_attempts may be called by any role (migration 0016); a tenant's calls
+    append attempts of its own events only (0021), never invented history of another team's."""
+    uid_a = await add_provider(owner, "pay-a", "team-a")
+    await add_provider(owner, "pay-b", "team-b")
+    _role, url = await tenant_for(owner, scram_server, "team-a", uid_a)
+    own = await owner.fetchval("SELECT min(id) FROM hookline.inbox WHERE provider = 'pay-a'")
+    other = await owner.fetchval("SELECT min(id) FROM hookline.inbox WHERE provider = 'pay-b'")
+    log = ("SELECT hookline.log_attempts($1, ARRAY[$2::bigint], ARRAY[$3::text], '{1}', '{w}', '{dead}', "
+           "'{invented}', '{NULL}', '{NULL}')")
+    team_a = await asyncpg.connect(url)
+    try:
+        for queue, row_id, part in (("inbox", other, "pay-b"),       # another team's event
+                                    ("inbox", other, "pay-a"),       # ... under its own provider's name
+                                    ("inbox", own + 10**9, "pay-a"),  # no such event
+                                    ("deliveries", own, "pay-a")):   # tenants book no deliveries
+            assert await team_a.fetchval(log, queue, row_id, part) == 0, (queue, row_id, part)
+        assert await team_a.fetchval(log, "inbox", own, "pay-a") == 1
+    finally:
+        await team_a.close()
+    logged = await owner.fetch("SELECT queue, row_id, part FROM hookline.attempts")
+    assert [tuple(r) for r in logged] == [("inbox", own, "pay-a")]
+
+
 async def test_the_password_is_checked_and_only_its_verifier_is_stored(owner: asyncpg.Connection,
                                                                        scram_server: EmbeddedPostgres) -> None:
     uid = await add_provider(owner, "pw", "team-a")
