@@ -29,7 +29,21 @@ unavailable() { # unavailable <what is missing> <how to get it>
     exit 0
 }
 
+# As root with apt-get (CI, a fresh machine of this kind), Debian's packages are installed rather than
+# reported missing: `make test` must work on a clean machine. Installed with their recommends, as tested.
+install_packages() {
+    local missing=()
+    command -v podman >/dev/null || missing+=(podman buildah)
+    command -v runc >/dev/null || missing+=(runc)
+    command -v debootstrap >/dev/null || missing+=(debootstrap)
+    [[ ${#missing[@]} -gt 0 && "$(id -u)" == 0 ]] && command -v apt-get >/dev/null || return 0
+    log "installing ${missing[*]}"
+    # Another apt-get (the cluster's build) may hold the lock for a while: wait for it instead of failing.
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y "${missing[@]}" >&2
+}
+
 check_tools() {
+    install_packages
     command -v podman >/dev/null || unavailable podman "apt-get install -y podman buildah runc"
     command -v runc >/dev/null || unavailable runc "apt-get install -y runc"
     [[ -x "$GO" ]] || unavailable "a Go toolchain (for the pause image)" "install Go or set GO=/path/to/go"
