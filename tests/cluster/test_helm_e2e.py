@@ -35,6 +35,7 @@ from tcprelay import TcpRelay
 
 from cluster import IMAGES, Cluster
 from support.kube import eventually
+from support.kube import kget as kube_get
 from support.postgres import PgServer
 from support.senders import standard_webhooks
 
@@ -114,8 +115,7 @@ def step(cluster: Cluster, what: str) -> Iterator[None]:
 
 
 def kget(cluster: Cluster, *what: str) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(cluster.kubectl("get", "-n", NAMESPACE, *what, "-o", "json").stdout)
-    return result
+    return kube_get(cluster.api, NAMESPACE, *what)
 
 
 def rows(local_url: str, query: str) -> int:
