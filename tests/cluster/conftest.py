@@ -1,7 +1,8 @@
 """Fixtures for the tests that run pods on a real single-node cluster (tests/cluster/README.md).
 
 `cluster` (session): etcd, kube-apiserver, kube-controller-manager, kube-scheduler, CoreDNS, kube-proxy,
-containerd and a kubelet on this machine, with the images imported; torn down at the end of the session.
+containerd and a kubelet on this machine, with the images imported; torn down after the last test of
+this folder.
 Without the binaries, packages or images the tests are skipped with how to get them, unless
 HOOKLINE_REQUIRE_CLUSTER=1 (CI), which makes that a failure. Every test here carries the `cluster` marker.
 """
@@ -28,6 +29,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
 
 
+# The running cluster, so that it stops when the session leaves this folder: a session fixture would
+# otherwise keep a kubelet, containerd and the control plane running under the rest of the suite.
+_running: list[Cluster] = []
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if _running and (nextitem is None or HERE not in nextitem.path.parents):
+        _running.pop().stop()
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     missing = missing_parts()
@@ -37,4 +48,5 @@ def cluster() -> Iterator[Cluster]:
             pytest.fail(message)
         pytest.skip(message)
     with Cluster(find_parts()) as running:
-        yield running
+        _running.append(running)
+        yield running  # stopped by pytest_runtest_teardown, or here when the session ends first
