@@ -78,7 +78,8 @@ ENV PATH="/opt/venv/bin:$PATH" \
     PYTHONDONTWRITEBYTECODE=1 \
     HOOKLINE_LOG_FORMAT=json
 # A numeric UID/GID (not a name): Kubernetes' runAsNonRoot can only verify a numeric user. No
-# /etc/passwd entry is needed; HOME points at /tmp, the one writable (emptyDir) path in the chart.
+# /etc/passwd entry: nothing may ask for the user's name (the operator gives kopf its identity
+# itself); HOME points at /tmp, the one writable (emptyDir) path in the chart.
 ENV HOME=/tmp
 # The official base ships pip in its system site-packages (a Debian base has none): nothing in a
 # running container may install code.

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import os
+import socket
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     database_url()  # fail fast with a clear message when it is not set
     check_settings()
+    os.environ.setdefault("POD_ID", own_identity())
     asyncio.run(kopf.operator(
         standalone=not args.peering,
         clusterwide=args.all_namespaces,
@@ -43,6 +46,16 @@ def run(args: argparse.Namespace) -> int:
         memo=OperatorMemo(interval=args.interval, http_url=args.liveness or None),
     ))
     return 0
+
+
+def own_identity() -> str:
+    """kopf names this process by POD_ID (the chart sets the pod's name), else ``user@host`` from
+    getpass.getuser(), which raises for a numeric user with no passwd entry, as in our image."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
 
 
 def check_settings() -> None:

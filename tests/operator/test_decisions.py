@@ -6,11 +6,18 @@ was observed, status numbers from statistics, and which annotation requests to a
 
 from __future__ import annotations
 
+import getpass
 import math
+import os
+import pwd
+import socket
+
+import pytest
 
 from hookline.core.inbox_stats import NO_EVENTS, ProviderStats
 from hookline_operator.conditions import set_condition
 from hookline_operator.kube import ObservedSecret
+from hookline_operator.main import own_identity
 from hookline_operator.memo import ScalingOutcome
 from hookline_operator.ownership import (
     CLI_OWNER,
@@ -200,3 +207,32 @@ def test_writers_setting_different_conditions_keep_one_order() -> None:
     by_sync = compose(by_scale, obs, ScalingOutcome(True, "Active", "due 2"), 1)
     assert [c["type"] for c in by_scale] == [c["type"] for c in first] == [c["type"] for c in by_sync]
     assert by_sync == by_scale  # nothing for sync to write after scale wrote the same outcome
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="switching to a user with no passwd entry needs root")
+def test_the_operator_names_itself_as_a_user_with_no_passwd_entry() -> None:
+    """The image runs as uid 10001 with no /etc/passwd entry, where kopf's default identity
+    (getpass.getuser()) raises; the operator gives kopf one itself when POD_ID is unset."""
+    uid = 54321
+    assert all(entry.pw_uid != uid for entry in pwd.getpwall())
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # a forked child: the code is loaded already, only the user changes
+        try:
+            os.close(read_end)
+            for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+                os.environ.pop(name, None)
+            os.setuid(uid)
+            try:
+                getpass.getuser()
+                answer = "getuser() worked"
+            except (KeyError, OSError):
+                answer = own_identity()
+            os.write(write_end, answer.encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as answer_pipe:
+        answer = answer_pipe.read().decode()
+    os.waitpid(child, 0)
+    assert answer == f"{uid}@{socket.gethostname()}"
