@@ -117,3 +117,43 @@ async def test_stop_waits_for_queued_items() -> None:
     await asyncio.sleep(0)
     await batcher.stop()
     assert [t.result() for t in pending] == list(range(6))
+
+
+async def test_only_the_active_writers_take_work_and_more_are_let_in_as_it_grows() -> None:
+    """``active`` caps how many writers write at once (fewer writers, bigger batches); when it grows,
+    waiting writers join in at the next submit."""
+    active = 1
+    writing = 0
+    most_at_once = 0
+    sizes: list[int] = []
+    release = asyncio.Event()
+
+    async def write(items: list[int]) -> list[int]:
+        nonlocal writing, most_at_once
+        writing += 1
+        most_at_once = max(most_at_once, writing)
+        sizes.append(len(items))
+        await release.wait()
+        writing -= 1
+        return items
+
+    batcher: Batcher[int, int] = Batcher(write, name="t", max_batch=100, window=0.0, writers=4,
+                                         active=lambda: active)
+    batcher.start()
+    try:
+        first = asyncio.ensure_future(asyncio.gather(*(batcher.submit(i) for i in range(10))))
+        await asyncio.sleep(0.05)
+        more = asyncio.ensure_future(asyncio.gather(*(batcher.submit(i) for i in range(10, 20))))
+        await asyncio.sleep(0.05)
+        assert most_at_once == 1  # one writer busy; the other three stood down
+        active = 3
+        last = asyncio.ensure_future(asyncio.gather(*(batcher.submit(i) for i in range(20, 25))))
+        await asyncio.sleep(0.05)
+        assert most_at_once == 2  # a second writer took what had queued meanwhile
+        release.set()
+        assert await asyncio.wait_for(asyncio.gather(first, more, last), 5) == [
+            list(range(10)), list(range(10, 20)), list(range(20, 25))]
+        assert sum(sizes) == 25 and max(sizes) >= 10  # what queued behind the one writer went as one batch
+    finally:
+        release.set()
+        await batcher.stop()

@@ -18,6 +18,9 @@ at once instead of queueing behind a slow database. A caller that gives up
 (its ``submit`` is cancelled, e.g. by a timeout) leaves the queue at once, so it
 takes no room and is not written later.
 
+With ``active`` only that many of the writers take work at a time (the caller may
+change it as it learns how long a write takes): fewer writers, bigger batches.
+
 Under light load a batch is one item and waits at most ``window``; under heavy
 load batches grow by themselves while the previous write is in flight. The
 receiver stores events this way, and workers and relays record completions.
@@ -61,8 +64,10 @@ class Batcher(Generic[T, R]):
                  max_batch: int = 128, window: float = 0.001, writers: int = 1,
                  expected: Callable[[], int] | None = None, max_queued: int | None = None,
                  isolate: Callable[[Exception], bool] | None = None,
-                 limit: Callable[[int], int] | None = None) -> None:
+                 limit: Callable[[int], int] | None = None, active: Callable[[], int] | None = None) -> None:
         self._write = write
+        # How many writers may take work now (at least one); the others wait until it grows.
+        self._active = active
         # Given how many items are queued, how many the next batch may take (within max_batch).
         self._limit = limit
         # How many items could still arrive (e.g. events in flight): waiting for more than
@@ -78,14 +83,14 @@ class Batcher(Generic[T, R]):
         # Writers waiting for work, each on its own future: a submit wakes one of them, not
         # all (with one writer per concurrency slot, waking every writer per item cost more
         # CPU than the batching saved).
-        self._waiting_writers: deque[asyncio.Future[None]] = deque()
+        self._waiting_writers: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._unfinished = 0  # queued or being written
         self._idle = asyncio.Event()
         self._idle.set()
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._loop(), name=f"{self._name}-{i}") for i in range(self._writers)]
+        self._tasks = [asyncio.create_task(self._loop(i), name=f"{self._name}-{i}") for i in range(self._writers)]
 
     async def stop(self, timeout: float | None = None) -> None:
         """Write what is queued (its callers are waiting), then stop the writers; after ``timeout``
@@ -132,10 +137,16 @@ class Batcher(Generic[T, R]):
         if self._unfinished == 0:
             self._idle.set()
 
+    def _may_write(self, index: int) -> bool:
+        return self._active is None or index < max(1, self._active())
+
     def _wake_one_writer(self) -> None:
-        while self._waiting_writers:
-            writer = self._waiting_writers.popleft()
-            if not writer.done():  # a writer cancelled at stop leaves a done future behind
+        for entry in list(self._waiting_writers):
+            index, writer = entry
+            if writer.done():  # a writer cancelled at stop leaves a done future behind
+                self._waiting_writers.remove(entry)
+            elif self._may_write(index):
+                self._waiting_writers.remove(entry)
                 writer.set_result(None)
                 return
 
@@ -144,10 +155,12 @@ class Batcher(Generic[T, R]):
         while len(batch) < most and self._queue:
             batch.append(self._queue.popleft())
 
-    async def _next_batch(self) -> list[_Waiter[T, R]]:
-        while not self._queue:
+    async def _next_batch(self, index: int) -> list[_Waiter[T, R]]:
+        while not self._queue or not self._may_write(index):
+            if self._queue:  # this writer stands down: queued items need one that may write
+                self._wake_one_writer()
             wakeup: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiting_writers.append(wakeup)
+            self._waiting_writers.append((index, wakeup))
             await wakeup
         batch: list[_Waiter[T, R]] = []
         self._take_ready(batch)
@@ -157,9 +170,9 @@ class Batcher(Generic[T, R]):
             self._take_ready(batch)
         return batch
 
-    async def _loop(self) -> None:
+    async def _loop(self, index: int) -> None:
         while True:
-            batch = await self._next_batch()
+            batch = await self._next_batch(index)
             try:
                 await self._flush(batch)
             except Exception as exc:  # a bug in the bookkeeping must not strand the callers

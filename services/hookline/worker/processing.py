@@ -144,7 +144,10 @@ class TransactionBatches:
 
     Jobs queue up while batches run, and a free transaction takes a share of what has queued:
     one job when idle, so latency is a single transaction's; several under a backlog, so one
-    commit serves them all while a few transactions still overlap. A batch takes no more jobs
+    commit serves them all while a few transactions still overlap. How many transactions run
+    at once follows the handlers' pace: fast handlers share two (were every in-flight event
+    given its own transaction, nothing would ever queue and every event would pay for a
+    commit), slow ones get up to one each, as unbatched. A batch takes no more jobs
     than fit in ``max_seconds`` at the handlers' recent pace, and starts none after that time
     (the rest queue again), so a slow handler holds its batch-mates' row locks only briefly
     and slow handlers run side by side, one per transaction, as they would unbatched. Within a
@@ -152,10 +155,14 @@ class TransactionBatches:
     entity-state rows locked in the same order by every batch.
     """
 
-    # A batch takes a quarter of what has queued (at least EVEN_SHARE jobs), so a backlog keeps
-    # a few commits overlapping rather than one long transaction.
-    SPREAD = 4
+    # A batch takes its transaction's share of what has queued (at least EVEN_SHARE jobs), so
+    # a backlog keeps the transactions' commits overlapping rather than one long transaction.
     EVEN_SHARE = 8
+    # Enough transactions that each batch's handlers take about this long (a fraction of
+    # max_seconds: a batch's row locks are held briefly), and never fewer than MIN_TRANSACTIONS,
+    # so one batch runs while another commits.
+    BATCH_TIME_SHARE = 4
+    MIN_TRANSACTIONS = 2
 
     def __init__(self, run_one: Callable[[asyncpg.Connection, Job, str, str], Awaitable[tuple[Outcome, str | None]]],
                  run_alone: Callable[[Job], Awaitable[Outcome]], pool: asyncpg.Pool, name: str, *,
@@ -164,10 +171,11 @@ class TransactionBatches:
         self._run_alone = run_alone
         self._pool = pool
         self._max_seconds = max_seconds
+        self._transactions = transactions
         self._job_seconds = 0.001  # recent time per job, a moving average
         self._batcher: Batcher[Job, Outcome | None] = Batcher(
             self._run, name=f"transactions:{name}", max_batch=max_batch, window=0.0, writers=transactions,
-            limit=self._limit)
+            limit=self._limit, active=self._active_transactions)
         self._batcher.start()
 
     async def run(self, job: Job) -> Outcome:
@@ -179,9 +187,15 @@ class TransactionBatches:
     async def stop(self, timeout: float) -> None:
         await self._batcher.stop(timeout)
 
+    def _active_transactions(self) -> int:
+        """As many transactions as it takes for the jobs in flight (up to one per transaction)
+        to finish their handlers in max_seconds / BATCH_TIME_SHARE."""
+        needed = -(-self._transactions * self._job_seconds * self.BATCH_TIME_SHARE // self._max_seconds)
+        return max(self.MIN_TRANSACTIONS, min(self._transactions, int(needed)))
+
     def _limit(self, queued: int) -> int:
         fit = int(self._max_seconds / max(self._job_seconds, 1e-6))
-        return min(fit, max(self.EVEN_SHARE, -(-queued // self.SPREAD)))
+        return min(fit, max(self.EVEN_SHARE, -(-queued // self._active_transactions())))
 
     async def _run(self, jobs: list[Job]) -> list[Outcome | None]:
         if len(jobs) == 1:
