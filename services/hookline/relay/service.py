@@ -38,6 +38,7 @@ from hookline.core.batching import Batcher
 from hookline.core.consumer import LeasedConsumer, write_completion
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.delivery import DeliveryResult, Outcome
+from hookline.core.http_client import WebhookClient
 from hookline.core.listener import Listener
 from hookline.core.maintenance import Job, Maintainer, lease_rescuer, partitions_maintainer
 from hookline.core.providers import active_secrets
@@ -217,8 +218,7 @@ class Relay(LeasedConsumer):
             retention = dataclasses.replace(retention, endpoint_done_hours=retention_hours)
         self.inbox_maintainer = partitions_maintainer(pool, partitions_connection or DedicatedConnection(pool),
                                                       retention)
-        self.session = delivery.create_session(allow_private_networks=allow_private_networks,
-                                               connections=concurrency)
+        self.client = WebhookClient(allow_private_networks=allow_private_networks, connections=concurrency)
         self._endpoints: dict[str, Endpoint] = {}
         self._endpoints_loaded = 0.0
         self._rotation = 0
@@ -246,7 +246,7 @@ class Relay(LeasedConsumer):
         await self.maintainer.stop()
         await self.inbox_maintainer.stop()
         await self.bookkeeper.stop()
-        await self.session.close()
+        await self.client.close()
         if self._runner:
             await self._runner.cleanup()
         log.info("relay stopped", extra={"worker": self.worker_id})
@@ -422,7 +422,7 @@ class Relay(LeasedConsumer):
         headers["content-type"] = "application/json"
         if traceparent is not None:
             headers["traceparent"] = traceparent
-        return await delivery.post(self.session, endpoint.url, claimed.body, headers, timeout=endpoint.timeout)
+        return await self.client.post(endpoint.url, claimed.body, headers, timeout=endpoint.timeout)
 
     async def _disable(self, claimed: Claimed, result: DeliveryResult) -> None:
         reason = f"HTTP 410 Gone at {datetime.now(UTC).isoformat(timespec='seconds')}: endpoint disabled"

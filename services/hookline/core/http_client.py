@@ -1,0 +1,355 @@
+"""The relay's outgoing HTTP/1.1 client: one signed POST per delivery, on kept-alive connections.
+
+Why not aiohttp's client (the worker's, ``core/delivery.py``): it was the largest part of the
+relay's CPU per delivery (a request object, header multidicts, a connector with waiters, a
+timer and a send task per request, a stream reader per response). A webhook POST needs much
+less: one write of prebuilt bytes, a status line, a few headers and a bounded body.
+
+Careful the same way as ``delivery.post``: a connect timeout and a total timeout, no
+redirects (a 3xx is an answer), at most ``max_response_bytes`` of the answer read (a longer
+answer closes its connection instead of being drained), and without ``allow_private_networks``
+no connection to an internal address: every address is checked after resolution, right before
+it is dialled (``delivery.is_internal``), so DNS cannot slip past the check. Connections are
+kept per origin (scheme, host, port) while their server keeps them open and for at most
+``IDLE_SECONDS`` idle; TLS verifies the server's certificate and name with ``ssl_context``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
+
+from hookline.core.delivery import (
+    MAX_RESPONSE_BYTES,
+    BlockedAddress,
+    DeliveryErrorKind,
+    DeliveryResult,
+    is_internal,
+    parse_retry_after,
+)
+
+IDLE_SECONDS = 15.0  # an idle connection older than this is closed rather than reused (servers drop them)
+MAX_HEAD_BYTES = 65536  # status line and headers of an answer; more is not an HTTP answer we accept
+_SEPARATOR = b"\r\n\r\n"
+_AddrInfo = TypeVar("_AddrInfo", bound=tuple[Any, ...])  # one getaddrinfo entry
+
+
+class ProtocolError(Exception):
+    """The server's answer is not HTTP/1.x as we read it."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a URL means for a request: where to connect and what to put on the request line."""
+
+    origin: tuple[str, str, int]  # scheme, host, port: connections are pooled per origin
+    head: bytes  # "POST /path HTTP/1.1\r\nHost: ...\r\n"
+
+    @classmethod
+    def parse(cls, url: str) -> Target:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        default_port = 443 if scheme == "https" else 80
+        port = parts.port or default_port
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        host = parts.hostname
+        host_header = f"[{host}]" if ":" in host else host
+        if port != default_port:
+            host_header += f":{port}"
+        _check_header("Host", host_header)
+        _check_header("path", path)
+        return cls((scheme, host, port), f"POST {path} HTTP/1.1\r\nHost: {host_header}\r\n".encode("latin-1"))
+
+
+def _check_header(name: str, value: str) -> None:
+    if any(c in value for c in "\r\n\0") or " " in name or ":" in name:
+        raise ValueError(f"invalid character in HTTP header {name!r}")
+
+
+def encode_request(target: Target, headers: dict[str, str], body: bytes) -> bytes:
+    """The whole request as one buffer (one write, one syscall)."""
+    lines = [target.head]
+    for name, value in headers.items():
+        _check_header(name, name)
+        _check_header(name, value)
+        lines.append(f"{name}: {value}\r\n".encode("latin-1"))
+    lines.append(f"Content-Length: {len(body)}\r\n\r\n".encode("latin-1"))
+    lines.append(body)
+    return b"".join(lines)
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]  # lower-case names; a repeated header keeps its last value
+    body: bytes
+    reusable: bool  # the connection may carry another request
+
+
+class _Connection(asyncio.Protocol):
+    """One connection; one request at a time. Bytes arrive in ``data_received`` and wake the
+    waiting request only once its answer is complete (or the connection ends)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._buffer = bytearray()
+        self._waiter: asyncio.Future[Answer] | None = None
+        self._limit = MAX_RESPONSE_BYTES
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            try:  # a server that answers and closes without a length ends its body here
+                answer = _parse(self._buffer, self._limit, at_eof=True)
+            except ProtocolError as error:
+                waiter.set_exception(error)
+                return
+            if answer is not None:
+                waiter.set_result(answer)
+            else:
+                waiter.set_exception(exc or ConnectionResetError("the server closed the connection without an answer"))
+
+    def eof_received(self) -> bool:
+        return False  # close our side too; connection_lost decides what was read
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        if self._waiter is None or self._waiter.done():
+            return
+        try:
+            answer = _parse(self._buffer, self._limit, at_eof=False)
+        except ProtocolError as error:
+            self._waiter.set_exception(error)
+            return
+        if answer is not None:
+            self._waiter.set_result(answer)
+
+    def send(self, request: bytes, limit: int) -> asyncio.Future[Answer]:
+        assert self.transport is not None
+        self._buffer.clear()
+        self._limit = limit
+        self._waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        return self._waiter
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _parse(buffer: bytearray, limit: int, *, at_eof: bool) -> Answer | None:
+    """The answer in ``buffer`` once it is complete (or ``limit`` bytes of its body are in), else None."""
+    while True:
+        end = buffer.find(_SEPARATOR)
+        if end < 0:
+            if len(buffer) > MAX_HEAD_BYTES:
+                raise ProtocolError("the answer's headers are too large")
+            if at_eof and buffer:
+                raise ProtocolError("the connection closed in the middle of the answer's headers")
+            return None
+        status, headers, keep_alive = _parse_head(bytes(buffer[:end]))
+        if 100 <= status < 200 and status != 101:  # an interim answer (100 Continue): the real one follows
+            del buffer[:end + 4]
+            continue
+        body_start = end + 4
+        return _parse_body(buffer, body_start, status, headers, keep_alive, limit, at_eof=at_eof)
+
+
+def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:
+    lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    code = rest[:3]
+    if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
+        raise ProtocolError(f"not an HTTP/1.x status line: {lines[0][:100]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip():
+            raise ProtocolError(f"malformed header line: {line[:100]!r}")
+        headers[name.lower()] = value.strip()
+    connection = headers.get("connection", "").lower()
+    keep_alive = "close" not in connection and (version != "HTTP/1.0" or "keep-alive" in connection)
+    return int(code), headers, keep_alive
+
+
+def _parse_body(buffer: bytearray, start: int, status: int, headers: dict[str, str], keep_alive: bool,
+                limit: int, *, at_eof: bool) -> Answer | None:
+    if status in (204, 304) or status == 101:
+        return Answer(status, headers, b"", keep_alive and status != 101)
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return _parse_chunked(buffer, start, status, headers, keep_alive, limit, at_eof=at_eof)
+    length_text = headers.get("content-length")
+    if length_text is not None:
+        if not length_text.isdigit():
+            raise ProtocolError(f"invalid Content-Length: {length_text[:40]!r}")
+        length = int(length_text)
+        available = len(buffer) - start
+        if available >= length:
+            return Answer(status, headers, bytes(buffer[start:start + length]), keep_alive)
+        if available >= limit:  # enough read; the rest is not waited for, so the connection is spent
+            return Answer(status, headers, bytes(buffer[start:start + limit]), False)
+        if at_eof:
+            raise ProtocolError("the connection closed before the answer's body was complete")
+        return None
+    # No length: the body lasts until the server closes the connection.
+    if at_eof or len(buffer) - start >= limit:
+        return Answer(status, headers, bytes(buffer[start:start + limit]), False)
+    return None
+
+
+def _parse_chunked(buffer: bytearray, start: int, status: int, headers: dict[str, str], keep_alive: bool,
+                   limit: int, *, at_eof: bool) -> Answer | None:
+    body = bytearray()
+    position = start
+    while True:
+        line_end = buffer.find(b"\r\n", position)
+        if line_end < 0:
+            break
+        size_text = bytes(buffer[position:line_end]).split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise ProtocolError(f"invalid chunk size: {size_text[:20]!r}") from None
+        if size == 0:
+            trailer_end = buffer.find(_SEPARATOR, line_end)  # trailers end with an empty line
+            if buffer.startswith(b"\r\n", line_end + 2) or trailer_end >= 0:
+                return Answer(status, headers, bytes(body[:limit]), keep_alive)
+            break
+        chunk_start = line_end + 2
+        body += buffer[chunk_start:chunk_start + size]
+        if len(body) >= limit:
+            return Answer(status, headers, bytes(body[:limit]), False)
+        if len(buffer) < chunk_start + size + 2:
+            break
+        position = chunk_start + size + 2
+    if at_eof:
+        raise ProtocolError("the connection closed before the chunked answer was complete")
+    return None
+
+
+def _public_only(host: str, infos: list[_AddrInfo]) -> list[_AddrInfo]:
+    """The resolved addresses outgoing webhooks may reach; BlockedAddress when there is none."""
+    public = [info for info in infos if not is_internal(str(info[4][0]))]
+    if public:
+        return public
+    literal = bool(infos) and str(infos[0][4][0]) == host  # the URL named the address itself
+    what = f"{host} is an internal address" if literal else f"{host} resolves to an internal address"
+    raise BlockedAddress(f"{what}; outgoing webhooks may only reach public addresses "
+                         "(allow private networks to change this)")
+
+
+class WebhookClient:
+    """Kept-alive connections per origin; at most ``connections`` requests at once."""
+
+    def __init__(self, *, allow_private_networks: bool, connections: int = 100,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self.allow_private_networks = allow_private_networks
+        self._ssl = ssl_context or ssl.create_default_context()
+        self._idle: dict[tuple[str, str, int], deque[_Connection]] = {}
+        self._slots = asyncio.Semaphore(connections)
+        self._targets: dict[str, Target] = {}  # parsed URLs (an install has few endpoints)
+        self.connections_opened = 0  # for tests: keep-alive reuse is observable
+
+    async def close(self) -> None:
+        for idle in self._idle.values():
+            for connection in idle:
+                connection.close()
+        self._idle.clear()
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str], *, timeout: float,
+                   connect_timeout: float | None = None,
+                   max_response_bytes: int = MAX_RESPONSE_BYTES) -> DeliveryResult:
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(timeout):
+                answer = await self._exchange(url, body, headers, connect_timeout or min(timeout, 5.0),
+                                              max_response_bytes)
+            return DeliveryResult(status=answer.status, body=answer.body.decode("utf-8", "replace"),
+                                  latency=time.perf_counter() - started,
+                                  retry_after=parse_retry_after(answer.headers.get("retry-after")))
+        except TimeoutError:
+            error, kind = f"timed out after {timeout:g} s", DeliveryErrorKind.TIMEOUT
+        except BlockedAddress as exc:
+            error, kind = str(exc), DeliveryErrorKind.BLOCKED
+        except ValueError as exc:  # a URL or header we refuse to send: nothing was sent
+            error, kind = f"{type(exc).__name__}: {exc}", DeliveryErrorKind.CONNECTION
+        except (OSError, ProtocolError) as exc:
+            error, kind = f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}", DeliveryErrorKind.CONNECTION
+        return DeliveryResult(status=None, body="", latency=time.perf_counter() - started, error=error,
+                              error_kind=kind)
+
+    async def _exchange(self, url: str, body: bytes, headers: dict[str, str], connect_timeout: float,
+                        limit: int) -> Answer:
+        target = self._targets.get(url)
+        if target is None:
+            target = Target.parse(url)
+            if len(self._targets) < 10_000:
+                self._targets[url] = target
+        request = encode_request(target, headers, body)
+        async with self._slots:
+            connection = self._idle_connection(target.origin) or await self._connect(target.origin, connect_timeout)
+            try:
+                answer = await connection.send(request, limit)
+            except BaseException:
+                connection.close()  # mid-request (timeout, cancel, error): its state is unknown
+                raise
+            if answer.reusable and not connection.closed:
+                connection.idle_since = time.monotonic()
+                self._idle.setdefault(target.origin, deque()).append(connection)
+            else:
+                connection.close()
+            return answer
+
+    def _idle_connection(self, origin: tuple[str, str, int]) -> _Connection | None:
+        idle = self._idle.get(origin)
+        now = time.monotonic()
+        while idle:
+            connection = idle.pop()  # the most recently used: the least likely to have been dropped
+            if not connection.closed and now - connection.idle_since < IDLE_SECONDS:
+                return connection
+            connection.close()
+        return None
+
+    async def _connect(self, origin: tuple[str, str, int], connect_timeout: float) -> _Connection:
+        scheme, host, port = origin
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(connect_timeout):
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            if not self.allow_private_networks:
+                infos = _public_only(host, infos)
+            last_error: OSError | None = None
+            for family, type_, proto, _, address in infos:
+                sock = socket.socket(family, type_, proto)
+                try:
+                    sock.setblocking(False)
+                    await loop.sock_connect(sock, address)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    _, connection = await loop.create_connection(
+                        _Connection, sock=sock, ssl=self._ssl if scheme == "https" else None,
+                        server_hostname=host if scheme == "https" else None)
+                except OSError as exc:
+                    sock.close()
+                    last_error = exc
+                    continue
+                except BaseException:
+                    sock.close()
+                    raise
+                self.connections_opened += 1
+                return connection
+        reason = f"{type(last_error).__name__}: {last_error}" if last_error else "no address"
+        raise ConnectionError(f"Cannot connect to host {host}:{port} ({reason})") from last_error

@@ -1,0 +1,270 @@
+"""The relay's HTTP/1.1 client (core/http_client.py) against real servers on localhost.
+
+aiohttp's server for ordinary answers (kept-alive, chunked, TLS with a self-signed certificate),
+raw asyncio servers for the answers aiohttp would not give: a hang, a close after the answer,
+a body without a length, an interim 100 Continue, bytes that are not HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from hookline.core.delivery import MAX_RESPONSE_BYTES, DeliveryErrorKind
+from hookline.core.embedded import free_port
+from hookline.core.http_client import WebhookClient
+from support.endpoints import wait_for
+
+HEADERS = {"content-type": "application/json", "webhook-id": "msg_1"}
+RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class Server:
+    """An aiohttp app on localhost that records what it received, and from which client port."""
+
+    def __init__(self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self.received: list[tuple[bytes, dict[str, str]]] = []
+        self.peers: list[int] = []
+        self._handler, self._ssl = handler, ssl_context
+        self.port = free_port()
+        self._runner: web.AppRunner | None = None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.received.append((await request.read(), dict(request.headers)))
+        assert request.transport is not None
+        self.peers.append(request.transport.get_extra_info("peername")[1])
+        return await self._handler(request)
+
+    async def __aenter__(self) -> Server:
+        app = web.Application()
+        app.router.add_post("/hook", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self._ssl).start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[WebhookClient]:
+    client = WebhookClient(allow_private_networks=True)
+    yield client
+    await client.close()
+
+
+def answer(status: int = 200, text: str = "ok", **headers: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(_: web.Request) -> web.Response:
+        return web.Response(status=status, text=text if status != 204 else None, headers=headers)
+    return handle
+
+
+async def raw_server(handle: RawHandler) -> tuple[asyncio.Server, str]:
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}/hook"
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lengths = [line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
+    length = int(lengths[0])
+    return head + await reader.readexactly(length)
+
+
+async def test_a_post_arrives_with_its_headers_and_body_and_the_answer_comes_back(client: WebhookClient) -> None:
+    async with Server(answer(202, "accepted", **{"Retry-After": "7"})) as server:
+        result = await client.post(f"http://127.0.0.1:{server.port}/hook?x=1", b'{"a":1}', HEADERS, timeout=5)
+    assert result.status == 202 and result.body == "accepted" and result.retry_after == 7.0 and result.ok
+    body, headers = server.received[0]
+    assert body == b'{"a":1}' and headers["webhook-id"] == "msg_1" and headers["Host"] == f"127.0.0.1:{server.port}"
+
+
+async def test_connections_are_kept_alive_and_reused(client: WebhookClient) -> None:
+    async with Server(answer(204)) as server:
+        for _ in range(5):
+            result = await client.post(f"http://127.0.0.1:{server.port}/hook", b"{}", HEADERS, timeout=5)
+            assert result.status == 204 and result.body == ""
+    assert client.connections_opened == 1 and len(set(server.peers)) == 1 and len(server.peers) == 5
+
+
+async def test_a_chunked_answer_is_read_whole(client: WebhookClient) -> None:
+    async def chunked(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=200)
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for part in (b"first ", b"second ", b"third"):
+            await response.write(part)
+            await asyncio.sleep(0.01)  # separate segments on the wire
+        await response.write_eof()
+        return response
+
+    async with Server(chunked) as server:
+        first = await client.post(f"http://127.0.0.1:{server.port}/hook", b"{}", HEADERS, timeout=5)
+        second = await client.post(f"http://127.0.0.1:{server.port}/hook", b"{}", HEADERS, timeout=5)
+    assert first.body == second.body == "first second third"
+    assert client.connections_opened == 1  # the final chunk ended the answer; the connection stayed usable
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_an_oversized_answer_is_cut_at_the_bound_and_its_connection_dropped(client: WebhookClient,
+                                                                                 chunked: bool) -> None:
+    async def huge(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=500)
+        if chunked:
+            response.enable_chunked_encoding()
+        else:
+            response.content_length = 1_000_000
+        await response.prepare(request)
+        for _ in range(100):
+            await response.write(b"x" * 10_000)
+        return response
+
+    async with Server(huge) as server:
+        url = f"http://127.0.0.1:{server.port}/hook"
+        result = await client.post(url, b"{}", HEADERS, timeout=5)
+        assert result.status == 500 and result.body == "x" * MAX_RESPONSE_BYTES
+        again = await client.post(url, b"{}", HEADERS, timeout=5)
+    assert again.status == 500 and client.connections_opened == 2  # the unread rest was never drained
+
+
+async def test_a_server_that_closes_after_answering_gets_a_new_connection_next_time(client: WebhookClient) -> None:
+    async def answer_and_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server, url = await raw_server(answer_and_close)
+    async with server:
+        assert (await client.post(url, b"{}", HEADERS, timeout=5)).body == "ok"
+        # The close arrives after the answer: the idle connection learns it and is not reused.
+        await wait_for(lambda: all(c.closed for idle in client._idle.values() for c in idle))
+        assert (await client.post(url, b"{}", HEADERS, timeout=5)).body == "ok"
+    assert client.connections_opened == 2
+
+
+async def test_connection_close_and_a_body_without_a_length(client: WebhookClient) -> None:
+    async def until_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n\r\nbusy, ")
+        await writer.drain()
+        writer.write(b"come back later")
+        writer.close()
+
+    server, url = await raw_server(until_close)
+    async with server:
+        result = await client.post(url, b"{}", HEADERS, timeout=5)
+    assert result.status == 503 and result.body == "busy, come back later"
+    assert not client._idle.get(("http", "127.0.0.1", int(url.split(":")[2].split("/")[0])))
+
+
+async def test_an_interim_100_continue_is_skipped(client: WebhookClient) -> None:
+    async def continue_first(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 4\r\n\r\ndone")
+        await writer.drain()
+
+    server, url = await raw_server(continue_first)
+    async with server:
+        result = await client.post(url, b"{}", HEADERS, timeout=5)
+    assert result.status == 201 and result.body == "done"
+
+
+async def test_a_hanging_server_times_out_and_its_connection_is_not_reused(client: WebhookClient) -> None:
+    requests = 0
+
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        await read_request(reader)
+        requests += 1
+        await reader.read()  # never answers; returns when the client gives up and closes
+
+    server, url = await raw_server(hang)
+    async with server:
+        result = await client.post(url, b"{}", HEADERS, timeout=0.3)
+        assert result.status is None and result.error_kind is DeliveryErrorKind.TIMEOUT
+        assert result.error == "timed out after 0.3 s"
+        await client.post(url, b"{}", HEADERS, timeout=0.3)
+    assert requests == 2 and client.connections_opened == 2
+
+
+async def test_an_answer_that_is_not_http_is_a_connection_error(client: WebhookClient) -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await writer.drain()
+
+    server, url = await raw_server(garbage)
+    async with server:
+        result = await client.post(url, b"{}", HEADERS, timeout=5)
+    assert result.status is None and result.error_kind is DeliveryErrorKind.CONNECTION
+    assert result.error is not None and "not an HTTP/1.x status line" in result.error
+
+
+async def test_a_refused_connection_is_a_connection_error(client: WebhookClient) -> None:
+    result = await client.post(f"http://127.0.0.1:{free_port()}/hook", b"{}", HEADERS, timeout=5)
+    assert result.status is None and result.error_kind is DeliveryErrorKind.CONNECTION
+    assert result.error is not None and "Cannot connect to host 127.0.0.1" in result.error
+
+
+@pytest.mark.parametrize("headers", [{"x-evil": "a\r\nx-injected: 1"}, {"bad name": "x"}, {"x:y": "z"}])
+async def test_a_header_that_would_split_the_request_is_refused_before_sending(client: WebhookClient,
+                                                                              headers: dict[str, str]) -> None:
+    async with Server(answer()) as server:
+        result = await client.post(f"http://127.0.0.1:{server.port}/hook", b"{}", headers, timeout=5)
+    assert result.status is None and result.error is not None and "invalid character" in result.error
+    assert server.received == []
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::ffff:127.0.0.1]", "[64:ff9b::7f00:1]"])
+async def test_internal_addresses_are_refused_before_connecting(host: str) -> None:
+    client = WebhookClient(allow_private_networks=False)
+    try:
+        async with Server(answer()) as server:
+            result = await client.post(f"http://{host}:{server.port}/hook", b"{}", HEADERS, timeout=5)
+    finally:
+        await client.close()
+    assert result.status is None and result.error_kind is DeliveryErrorKind.BLOCKED, result
+    assert result.error is not None and "internal address" in result.error and "allow private networks" in result.error
+    assert server.received == [] and client.connections_opened == 0
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    directory = tmp_path_factory.mktemp("tls")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+async def test_tls_verifies_the_server_certificate(certificate: tuple[Path, Path]) -> None:
+    cert, key = certificate
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(cert, key)
+    trusting = WebhookClient(allow_private_networks=True, ssl_context=ssl.create_default_context(cafile=str(cert)))
+    default = WebhookClient(allow_private_networks=True)
+    try:
+        async with Server(answer(200, "secure"), ssl_context=server_context) as server:
+            url = f"https://localhost:{server.port}/hook"
+            first = await trusting.post(url, b"{}", HEADERS, timeout=5)
+            second = await trusting.post(url, b"{}", HEADERS, timeout=5)
+            refused = await default.post(url, b"{}", HEADERS, timeout=5)
+    finally:
+        await trusting.close()
+        await default.close()
+    assert first.body == second.body == "secure" and trusting.connections_opened == 1
+    assert refused.status is None and refused.error_kind is DeliveryErrorKind.CONNECTION
+    assert refused.error is not None and "CERTIFICATE_VERIFY_FAILED" in refused.error
+    assert len(server.received) == 2  # the unverified server got nothing
