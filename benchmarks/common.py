@@ -147,6 +147,10 @@ class Usage:
         self._cpu_at_start = {pid: cpu_seconds(pid) for pid in self.pids()}
         self._task = asyncio.create_task(self._sample())
 
+    def rebase(self) -> None:
+        """Count CPU from now on (e.g. once start-up is over and the measured work began)."""
+        self._cpu_at_start = {pid: cpu_seconds(pid) for pid in self.pids()}
+
     async def stop(self) -> None:
         """End the phase (call while the processes still run): its CPU time is added up."""
         if self._task:

@@ -141,6 +141,13 @@ class Batcher(Generic[T, R]):
         return self._active is None or index < max(1, self._active())
 
     def _wake_one_writer(self) -> None:
+        if self._active is None:  # any writer will do: the longest waiting
+            while self._waiting_writers:
+                _, writer = self._waiting_writers.popleft()
+                if not writer.done():  # a writer cancelled at stop leaves a done future behind
+                    writer.set_result(None)
+                    return
+            return
         for entry in list(self._waiting_writers):
             index, writer = entry
             if writer.done():  # a writer cancelled at stop leaves a done future behind

@@ -12,10 +12,14 @@ Three paths, chosen by the provider:
   crash or a lost lease can never leave them applied twice.
 
   Under load several such events of one provider share a transaction
-  (``TransactionBatches``): each runs in its own savepoint with its own guarded
-  completion, so a handler that raises, or an event whose lease is gone, rolls
-  back to its savepoint (a failure is booked for retry or dead right there) and
-  its batch-mates commit with their "done" rows. Idle, a batch is one event.
+  (``TransactionBatches``): each runs in its own savepoint, and one guarded
+  completion for all of them ends the batch. A handler that raises rolls back to
+  its savepoint (its failure is booked for retry or dead right there) and its
+  batch-mates commit with their "done" rows. An event whose lease is gone by then
+  is missing from the completion's answer: the batch rolls back to that event's
+  savepoint — its effect and everything after it — completes the events before
+  it, and the events after it run again in a later batch (their effects were
+  rolled back, so each still commits once). Idle, a batch is one event.
 
   What a handler may observe after a lost lease (its worker stalled longer than
   ``leaseSeconds``, the sweeper took the event back and another worker claimed
@@ -39,6 +43,7 @@ Three paths, chosen by the provider:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import logging
@@ -129,6 +134,21 @@ class Outcome:
     error: str | None = None  # the failure booked, for the log line of a dead letter
 
 
+DONE = Outcome(Result.DONE)
+
+
+def savepoint_name(position: int) -> str:
+    """The savepoint of the job at ``position`` in its batch's run order."""
+    return f"hookline_job_{position}"
+
+
+async def rollback(conn: asyncpg.Connection) -> None:
+    """Roll back a transaction begun by hand; if even that fails, releasing the connection to
+    the pool rolls it back (asyncpg does so for any connection left in a transaction)."""
+    with contextlib.suppress(Exception):
+        await conn.execute("ROLLBACK")
+
+
 def describe_failure(exc: Exception) -> tuple[str, bool, float | None]:
     """(error, permanent, retry_after) of an attempt that raised."""
     if isinstance(exc, PermanentFailure):
@@ -153,6 +173,9 @@ class TransactionBatches:
     and slow handlers run side by side, one per transaction, as they would unbatched. Within a
     batch jobs run by (entity key, id): events of one entity in the order they arrived, and
     entity-state rows locked in the same order by every batch.
+
+    Per job a batch costs one round trip (its savepoint) besides the handler's own; the batch
+    adds its begin, one completion statement for all its jobs, and its commit.
     """
 
     # A batch takes its transaction's share of what has queued (at least EVEN_SHARE jobs), so
@@ -164,11 +187,13 @@ class TransactionBatches:
     BATCH_TIME_SHARE = 4
     MIN_TRANSACTIONS = 2
 
-    def __init__(self, run_one: Callable[[asyncpg.Connection, Job, str, str], Awaitable[tuple[Outcome, str | None]]],
-                 run_alone: Callable[[Job], Awaitable[Outcome]], pool: asyncpg.Pool, name: str, *,
-                 transactions: int, max_batch: int, max_seconds: float) -> None:
+    def __init__(self, run_one: Callable[[asyncpg.Connection, Job, str], Awaitable[Outcome]],
+                 run_alone: Callable[[Job], Awaitable[Outcome]],
+                 complete: Callable[[asyncpg.Connection, list[tuple[int, int]]], Awaitable[set[int]]],
+                 pool: asyncpg.Pool, name: str, *, transactions: int, max_batch: int, max_seconds: float) -> None:
         self._run_one = run_one
         self._run_alone = run_alone
+        self._complete_pairs = complete
         self._pool = pool
         self._max_seconds = max_seconds
         self._transactions = transactions
@@ -203,24 +228,49 @@ class TransactionBatches:
             return [await self._run_alone(jobs[0])]
         outcomes: list[Outcome | None] = [None] * len(jobs)
         order = sorted(range(len(jobs)), key=lambda i: (jobs[i].event.entity_key or "", jobs[i].event.id))
-        ran = 0
-        async with self._pool.acquire() as conn, conn.transaction():
-            # Deferred constraints are checked at each statement, so a violation fails its own
-            # event's savepoint, not the batch's commit.
-            await conn.execute("SET CONSTRAINTS ALL IMMEDIATE; SAVEPOINT hookline_job_0")
-            savepoint: str | None = "hookline_job_0"
-            began = time.monotonic()
-            for i in order:
-                if ran and time.monotonic() - began >= self._max_seconds:
-                    break
-                if savepoint is None:
-                    savepoint = f"hookline_job_{ran}"
-                    await conn.execute(f"SAVEPOINT {savepoint}")
-                outcomes[i], savepoint = await self._run_one(conn, jobs[i], savepoint, f"hookline_job_{ran + 1}")
-                ran += 1
-            self.record_pace(time.monotonic() - began, ran)
-        metrics.worker_batch_size.observe(ran)
+        ran: list[int] = []  # indexes into jobs, in the order they ran: job ran[p] has savepoint p
+        async with self._pool.acquire() as conn:
+            # One round trip opens the transaction and the first job's savepoint. Deferred
+            # constraints are checked at each statement, so a violation fails its own event's
+            # savepoint, not the batch's commit.
+            await conn.execute(f"BEGIN; SET CONSTRAINTS ALL IMMEDIATE; SAVEPOINT {savepoint_name(0)}")
+            try:
+                began = time.monotonic()
+                for i in order:
+                    if ran:
+                        if time.monotonic() - began >= self._max_seconds:
+                            break
+                        # Savepoints stay open (nested): a lease found lost at the end is cut off at its own.
+                        await conn.execute(f"SAVEPOINT {savepoint_name(len(ran))}")
+                    outcomes[i] = await self._run_one(conn, jobs[i], savepoint_name(len(ran)))
+                    ran.append(i)
+                self.record_pace(time.monotonic() - began, len(ran))
+                await self._complete(conn, jobs, outcomes, ran)
+            except BaseException:
+                await rollback(conn)
+                raise
+            await conn.execute("COMMIT")
+        metrics.worker_batch_size.observe(len(ran))
         return outcomes
+
+    async def _complete(self, conn: asyncpg.Connection, jobs: list[Job], outcomes: list[Outcome | None],
+                        ran: list[int]) -> None:
+        """One guarded completion for every job of the batch whose effect applied. A job whose lease
+        is gone (another worker owns it now) is cut off at its savepoint with everything after it:
+        it is LOST, the jobs after it are handed back unrun (None), and those before it complete."""
+        while True:
+            applied = [i for i in ran if outcomes[i] == DONE]
+            if not applied:
+                return
+            done = await self._complete_pairs(conn, [(jobs[i].event.id, jobs[i].event.attempts) for i in applied])
+            lost = next((p for p, i in enumerate(ran) if outcomes[i] == DONE and jobs[i].event.id not in done), None)
+            if lost is None:
+                return
+            await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint_name(lost)}")
+            outcomes[ran[lost]] = Outcome(Result.LOST)
+            for i in ran[lost + 1:]:
+                outcomes[i] = None
+            del ran[lost:]
 
     def record_pace(self, seconds: float, jobs: int = 1) -> None:
         """``jobs`` ran in ``seconds``, their commit not counted (``run_alone`` reports its job's
@@ -315,32 +365,28 @@ class Processor:
             failure = exc
         return await self._book_failure(self.pool, job.event, job.provider, failure)
 
+    async def _complete_in(self, conn: asyncpg.Connection, done: list[tuple[int, int]]) -> set[int]:
+        return await INBOX.complete(conn, done, self.worker_id)
+
     def _batches_of(self, provider: Provider) -> TransactionBatches:
         if provider.name not in self._batches:
             self._batches[provider.name] = TransactionBatches(
-                self._in_savepoint, self._batch_of_one, self.pool, provider.name, transactions=self._concurrency,
+                self._in_savepoint, self._batch_of_one, self._complete_in, self.pool, provider.name,
+                transactions=self._concurrency,
                 max_batch=self._concurrency, max_seconds=self._batch_seconds)
         return self._batches[provider.name]
 
-    async def _in_savepoint(self, conn: asyncpg.Connection, job: Job, savepoint: str,
-                            next_savepoint: str) -> tuple[Outcome, str | None]:
-        """One job of a batch, inside the open ``savepoint``: its effect and "done" commit with the
-        batch, or everything since the savepoint rolls back (handler raised, lease lost; a failure
-        is then booked in the same transaction). Returns the outcome and the savepoint left open
-        for the next job (None: open one)."""
+    async def _in_savepoint(self, conn: asyncpg.Connection, job: Job, savepoint: str) -> Outcome:
+        """One job of a batch, inside the open ``savepoint``: DONE means its effect applied and its
+        completion is the batch's to write (``TransactionBatches._complete``); a handler that raised,
+        or a deferral whose lease was lost, rolls back to the savepoint (a failure is then booked in
+        the same transaction)."""
         try:
             result = await self._apply(conn, job)
-            # The guarded completion as a prepared statement: its plan is cached. (Sent with the
-            # savepoint commands as one literal string, it was planned afresh for every event, a
-            # plan of every inbox partition: more server time than the round trip it saved.)
-            if result is Result.DONE and not await INBOX.complete(conn, [(job.event.id, job.event.attempts)],
-                                                                  self.worker_id):
-                raise LeaseLost()
-            await conn.execute(f"RELEASE SAVEPOINT {savepoint}; SAVEPOINT {next_savepoint}")
-            return Outcome(result), next_savepoint
+            return DONE if result is Result.DONE else Outcome(result)
         except LeaseLost:
-            await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}; RELEASE SAVEPOINT {savepoint}")
-            return Outcome(Result.LOST), None
+            await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
+            return Outcome(Result.LOST)
         except asyncio.CancelledError as exc:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
@@ -349,11 +395,11 @@ class Processor:
             failure: Exception = RuntimeError(repr(exc))
         except Exception as exc:
             failure = exc
-        await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}; RELEASE SAVEPOINT {savepoint}")
+        await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
         # The retry statement counts its delay from now(), the batch transaction's start: add
         # the time since, so the backoff starts when the attempt failed.
         since_begin = float(await conn.fetchval(db.query("transaction_age")))
-        return await self._book_failure(conn, job.event, job.provider, failure, since_begin), None
+        return await self._book_failure(conn, job.event, job.provider, failure, since_begin)
 
     async def _book_effect(self, event: Event, provider: Provider) -> Result:
         """Write "done" for an effect that happened outside our database (see ``write_completion``:
