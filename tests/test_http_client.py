@@ -89,6 +89,22 @@ async def test_a_post_arrives_with_its_headers_and_body_and_the_answer_comes_bac
     assert body == b'{"a":1}' and headers["webhook-id"] == "msg_1" and headers["Host"] == f"127.0.0.1:{server.port}"
 
 
+async def test_a_url_with_spaces_and_non_ascii_is_sent_percent_encoded(client: WebhookClient) -> None:
+    request_lines: list[bytes] = []
+
+    async def record_request_line(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while not reader.at_eof():
+            request_lines.append((await read_request(reader)).split(b"\r\n")[0])
+            writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+            await writer.drain()
+
+    server, url = await raw_server(record_request_line)
+    async with server:
+        result = await client.post(url.replace("/hook", "/h%C3%B6ok/café x?q=a b"), b"{}", HEADERS, timeout=5)
+    assert result.status == 204
+    assert request_lines == [b"POST /h%C3%B6ok/caf%C3%A9%20x?q=a%20b HTTP/1.1"]
+
+
 async def test_connections_are_kept_alive_and_reused(client: WebhookClient) -> None:
     async with Server(answer(204)) as server:
         for _ in range(5):

@@ -17,13 +17,14 @@ kept per origin (scheme, host, port) while their server keeps them open and for 
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from hookline.core.delivery import (
     MAX_RESPONSE_BYTES,
@@ -59,18 +60,33 @@ class Target:
             raise ValueError(f"not an http(s) URL: {url!r}")
         default_port = 443 if scheme == "https" else 80
         port = parts.port or default_port
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        host = parts.hostname
+        # As aiohttp (yarl) sends them: non-ASCII and spaces percent-encoded, escapes kept, IDNA hosts.
+        path = quote(parts.path or "/", safe=_PATH_SAFE) + (f"?{quote(parts.query, safe=_PATH_SAFE)}"
+                                                            if parts.query else "")
+        host = parts.hostname.encode("idna").decode("ascii") if not parts.hostname.isascii() else parts.hostname
         host_header = f"[{host}]" if ":" in host else host
         if port != default_port:
             host_header += f":{port}"
-        _check_header("Host", host_header)
-        _check_header("path", path)
+        _check_value("Host", host_header)
+        _check_value("path", path)
         return cls((scheme, host, port), f"POST {path} HTTP/1.1\r\nHost: {host_header}\r\n".encode("latin-1"))
 
 
-def _check_header(name: str, value: str) -> None:
-    if any(c in value for c in "\r\n\0") or " " in name or ":" in name:
+_PATH_SAFE = "/%:@!$&'()*+,;=-._~?"
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field names
+_valid_names: set[str] = set()  # names checked once (a relay sends the same few)
+
+
+def _check_name(name: str) -> None:
+    if name not in _valid_names:
+        if not _TOKEN.fullmatch(name):
+            raise ValueError(f"invalid character in HTTP header name {name[:40]!r}")
+        if len(_valid_names) < 1000:
+            _valid_names.add(name)
+
+
+def _check_value(name: str, value: str) -> None:
+    if "\n" in value or "\r" in value or "\0" in value:  # would end the header and start another
         raise ValueError(f"invalid character in HTTP header {name!r}")
 
 
@@ -78,8 +94,8 @@ def encode_request(target: Target, headers: dict[str, str], body: bytes) -> byte
     """The whole request as one buffer (one write, one syscall)."""
     lines = [target.head]
     for name, value in headers.items():
-        _check_header(name, name)
-        _check_header(name, value)
+        _check_name(name)
+        _check_value(name, value)
         lines.append(f"{name}: {value}\r\n".encode("latin-1"))
     lines.append(f"Content-Length: {len(body)}\r\n\r\n".encode("latin-1"))
     lines.append(body)

@@ -87,15 +87,16 @@ class Booking:
 
 
 class Bookkeeper:
-    """The relay's bookkeeping in batches (the shared group-commit ``Batcher``): one transaction per
-    batch marks the delivered ones done with their answers, then counts every attempt's outcome for
-    its endpoint's circuit (``relay/breaker.py``).
+    """The relay's bookkeeping in batches (the shared group-commit ``Batcher``): one statement per
+    batch marks the delivered ones done with their answers; when the batch also counts outcomes for
+    the endpoints' circuits (``relay/breaker.py``, see below) it does both in one transaction.
 
     Why successes and failures share one queue, in the order their answers arrived: counted apart
     (successes in a completion batch, failures one transaction each), failures reached the circuit
     first, and a relay with 64 attempts in flight counted 20 failures and no success from an endpoint
     that fails every other attempt: it opened. Why completions and counts share a transaction: one
-    connection, BEGIN and COMMIT per batch instead of two (the relay's CPU per delivery).
+    connection, BEGIN and COMMIT per batch instead of two (the relay's CPU per delivery); a batch that
+    counts nothing is the completion statement alone, one round trip.
 
     Successes alone change no circuit (a closed one opens on failures, a half-open one closes on
     probes), so a batch of nothing else counts them only once ``SUCCESS_COUNT_INTERVAL`` has passed;
@@ -164,22 +165,26 @@ class Bookkeeper:
         now = time.monotonic()
         count = now >= self._counted_at + SUCCESS_COUNT_INTERVAL or any(not b.ok or b.probe for b in batch)
         updates: list[CircuitUpdate] = []
-        async with self._pool.acquire() as conn, conn.transaction():
-            done = await self._complete(conn, delivered) if delivered else set()
-            if count:  # last: the endpoint rows it locks stay locked until the commit, and relays take turns
-                updates = await breaker.record_outcomes(conn, self._settings, outcomes)
+        async with self._pool.acquire() as conn:
+            if not count:  # the common case: one statement, no transaction around it
+                done = await self._complete(conn, delivered) if delivered else set()
+            else:
+                async with conn.transaction():
+                    done = await self._complete(conn, delivered) if delivered else set()
+                    # last: the endpoint rows it locks stay locked until the commit, and relays take turns
+                    updates = await breaker.record_outcomes(conn, self._settings, outcomes)
         self._uncounted, self._counted_at = ({}, now) if count else (outcomes, self._counted_at)
         self._on_circuits(updates)
         return [b.delivered is None or b.delivered[0].id in done for b in batch]
 
     async def _complete(self, conn: asyncpg.Connection, delivered: list[tuple[Claimed, DeliveryResult]]) -> set[int]:
-        done = await OUTBOX.complete(conn, [(c.id, c.attempts) for c, _ in delivered], self._worker_id)
-        booked = [(c, r) for c, r in delivered if c.id in done]
-        await conn.execute(
-            outbox.query("record_responses"), [c.id for c, _ in booked], [r.status for _, r in booked],
-            [r.body[:RESPONSE_STORED] for _, r in booked], [r.latency * 1000 for _, r in booked],
+        """Mark the delivered ones done with their answers (``complete_deliveries``); the ids booked."""
+        ids = await conn.fetchval(
+            outbox.query("complete_deliveries"), [c.id for c, _ in delivered], [c.attempts for c, _ in delivered],
+            self._worker_id, [r.status for _, r in delivered], [r.body[:RESPONSE_STORED] for _, r in delivered],
+            [r.latency * 1000 for _, r in delivered],
         )
-        return done
+        return set(ids or ())
 
 
 class Relay(LeasedConsumer):

@@ -97,8 +97,30 @@ SELECT o.id, o.event_id, o.event_type, o.payload::text AS payload, o.created_at,
 FROM hookline.outbox AS o, hookline.endpoints AS e
 WHERE o.id = ANY($1::bigint[]) AND e.name = $2;
 
+-- name: complete_deliveries
+-- The relay's completions with their answers, in one statement (no transaction of its own
+-- needed, one round trip per batch): queue.sql's complete for the deliveries (an (id, attempts)
+-- pair whose lease was lost is skipped) that also stores each answer ($4 status, $5 body,
+-- $6 HTTP latency in ms) on the delivery and in the attempt it logs. Returns the ids done (NULL: none).
+WITH answers AS (
+    SELECT * FROM unnest($1::bigint[], $2::integer[], $4::integer[], $5::text[], $6::float8[])
+        AS a(id, attempts, status, body, latency_ms)
+), done AS (
+    UPDATE hookline.deliveries AS t
+    SET status = 'done', processed_at = now(), lease_expires_at = NULL, locked_by = NULL, last_error = NULL,
+        suspect = false, last_status = a.status, last_response = a.body, last_latency_ms = a.latency_ms
+    FROM answers AS a
+    WHERE t.id = a.id AND t.attempts = a.attempts AND t.status = 'processing' AND t.locked_by = $3
+    RETURNING t.id, t.endpoint, t.attempts, a.status, a.latency_ms
+)
+SELECT array_agg(id) AS ids,
+       hookline.log_attempts('deliveries', array_agg(id), array_agg(endpoint), array_agg(attempts),
+                             array_agg($3::text), array_agg('done'::text), NULL, array_agg(status),
+                             array_agg(latency_ms)) AS logged
+FROM done;
+
 -- name: record_responses
--- The last answer of each delivery (called in the transaction that completes or retries it),
+-- The last answer of each delivery (called in the transaction that retries or buries it),
 -- also written into the attempt the booking statement just logged (queue.sql; for
 -- deliveries it logs no latency of its own, so the HTTP call's is filled in here).
 WITH answers AS (
