@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 import asyncpg
 import pytest
+import yarl
 
 from support import senders
 from support.postgres import PgServer, database_with_providers
@@ -260,6 +261,32 @@ async def test_unknown_provider_and_wrong_method(service, http) -> None:
     async with http.get(f"{service.url}/webhooks/sw") as r:
         assert r.status == 405
         assert (await r.json())["error"] == "method_not_allowed"
+
+
+async def test_webhook_paths_answered_alike_by_the_short_cut_and_the_router(service, http, conn) -> None:
+    """The receiver's dispatcher takes most webhook requests past aiohttp's router; the rest go
+    through it. Either way the provider name and the answer are the ones the route defines."""
+    event_id = new_id()
+    body = body_for("sw", event_id)
+    # Percent-encoded name (short cut): decoded as the router decodes it.
+    url = yarl.URL(f"{service.url}/webhooks/s%77", encoded=True)
+    async with http.post(url, data=body, headers={"content-type": "application/json",
+                                                   **signed("sw", event_id, body)}) as r:
+        assert (r.status, await r.json()) == (200, {"status": "accepted", "event_id": event_id})
+    assert await rows(conn, "sw", event_id) == 1
+    # An encoded slash is part of the name (router): no such provider.
+    async with http.post(yarl.URL(f"{service.url}/webhooks/sw%2Fx", encoded=True), data=b"{}") as r:
+        assert (r.status, (await r.json())["error"]) == (404, "unknown_provider")
+    # Expect: 100-continue (router): the body is sent only after the interim answer.
+    event_id = new_id()
+    body = body_for("sw", event_id)
+    async with http.post(f"{service.url}/webhooks/sw", data=body, expect100=True,
+                         timeout=aiohttp.ClientTimeout(total=10),
+                         headers={"content-type": "application/json", **signed("sw", event_id, body)}) as r:
+        assert (r.status, await r.json()) == (200, {"status": "accepted", "event_id": event_id})
+    for path in ("/webhooks/", "/webhooks/sw/extra", "/webhook/sw"):
+        async with http.post(f"{service.url}{path}", data=b"{}") as r:
+            assert r.status == 404, path
 
 
 async def test_health_and_metrics(service, http) -> None:

@@ -97,6 +97,13 @@ class _GuardedHandler(web.RequestHandler):
             self._arm(self.header_timeout)
         self._fresh = False
 
+    def resume_reading(self, *args: Any, **kwargs: Any) -> None:
+        # aiohttp's body reader calls this after every read, paused or not, and each call feeds the
+        # parser an empty buffer (data_received(b"")): per request, on the receiver's hot path.
+        # Only a paused reader has anything to resume.
+        if self._reading_paused:
+            super().resume_reading(*args, **kwargs)
+
     def _arm(self, timeout: float) -> None:
         self._stop_header_timer()
         if self.transport is not None:

@@ -103,7 +103,7 @@ def _too_large(limit: int) -> Refused:
     return Refused(413, "payload_too_large", f"the body exceeds {limit} bytes")
 
 
-async def read_body(request: web.Request, limit: int, lease: BodyLease, timeout: float) -> bytes:
+async def read_body(request: web.BaseRequest, limit: int, lease: BodyLease, timeout: float) -> bytes:
     """The decoded body; raises :class:`Refused` or :class:`ClientGone`."""
     if request.content_length is not None:
         if request.content_length > limit:
@@ -113,21 +113,31 @@ async def read_body(request: web.Request, limit: int, lease: BodyLease, timeout:
     else:
         reserved = 0
     try:
-        if request.content.is_eof():  # it all came with the headers (most webhooks): nothing to wait for
-            chunks = await _read_chunks(request, limit, lease, reserved)
+        if request.content.is_eof():  # it all came with the headers (most webhooks): take it as it is
+            raw = _buffered_body(request, limit, lease, reserved)
         else:
             async with asyncio.timeout(timeout):
-                chunks = await _read_chunks(request, limit, lease, reserved)
+                raw = b"".join(await _read_chunks(request, limit, lease, reserved))
     except TimeoutError:
         raise Refused(408, "request_timeout", f"the body was not complete within {timeout:g} s") from None
     except HttpProcessingError as exc:  # bad chunk framing, Content-Length mismatch at EOF
         raise Refused(400, "invalid_body", f"malformed body: {exc.message or type(exc).__name__}") from None
     except (ConnectionError, asyncio.IncompleteReadError):
         raise ClientGone() from None
-    return decode(b"".join(chunks), request.headers.get("Content-Encoding"), limit, lease)
+    return decode(raw, request.headers.get("Content-Encoding"), limit, lease)
 
 
-async def _read_chunks(request: web.Request, limit: int, lease: BodyLease, reserved: int) -> list[bytes]:
+def _buffered_body(request: web.BaseRequest, limit: int, lease: BodyLease, reserved: int) -> bytes:
+    """A body already complete in aiohttp's buffer, in one call (no read loop, no await)."""
+    raw = request.content.read_nowait()
+    if len(raw) > limit:
+        raise _too_large(limit)
+    if len(raw) > reserved:
+        lease.grow(len(raw) - reserved)
+    return raw
+
+
+async def _read_chunks(request: web.BaseRequest, limit: int, lease: BodyLease, reserved: int) -> list[bytes]:
     chunks: list[bytes] = []
     size = 0
     while chunk := await request.content.readany():
@@ -143,7 +153,9 @@ async def _read_chunks(request: web.Request, limit: int, lease: BodyLease, reser
 
 def decode(raw: bytes, content_encoding: str | None, limit: int, lease: BodyLease) -> bytes:
     """``raw`` with its content codings undone (last applied first), at most ``limit`` bytes."""
-    codings = [c.strip().lower() for c in (content_encoding or "").split(",")]
+    if content_encoding is None:  # nearly every webhook
+        return raw
+    codings = [c.strip().lower() for c in content_encoding.split(",")]
     codings = [c for c in codings if c and c != "identity"]
     if len(codings) > 2:
         raise Refused(400, "invalid_body", "more than two content codings")
