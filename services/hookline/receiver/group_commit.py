@@ -41,7 +41,7 @@ def is_data_error(exc: BaseException) -> bool:
                             asyncpg.ProgramLimitExceededError, UnicodeError))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ sets each field the slow way, per event
 class InboxRow:
     provider: str
     event_id: str
@@ -55,7 +55,7 @@ class InboxRow:
     replay_window_seconds: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per event: not frozen, whose __init__ is slower
 class Stored:
     """The answer for one row: new or not, and the event id the sender is told."""
 
@@ -92,19 +92,15 @@ class GroupCommitter:
         return await self._batcher.submit(row)
 
     async def _write(self, rows: list[InboxRow]) -> list[Stored]:
-        columns: list[list[Any]] = [[] for _ in range(9)]
-        for r in rows:
-            for column, value in zip(
-                columns,
-                (r.provider, r.event_id, r.event_type, r.entity_key, r.headers, r.body, r.content_type,
-                 r.body_sha256, r.replay_window_seconds),
-                strict=True,
-            ):
-                column.append(value)
+        columns: list[list[Any]] = [
+            [r.provider for r in rows], [r.event_id for r in rows], [r.event_type for r in rows],
+            [r.entity_key for r in rows], [r.headers for r in rows], [r.body for r in rows],
+            [r.content_type for r in rows]]
         if any(r.body_sha256 is not None for r in rows):
-            records = await self._pool.fetch(self._sql_replay, *columns)
+            records = await self._pool.fetch(self._sql_replay, *columns, [r.body_sha256 for r in rows],
+                                             [r.replay_window_seconds for r in rows])
         else:
-            records = await self._pool.fetch(self._sql, *columns[:7])
+            records = await self._pool.fetch(self._sql, *columns)
         metrics.receiver_batch_size.observe(len(rows))
         stored = {(rec["provider"], rec["event_id"]) for rec in records if rec.get("body_sha256") is None}
         claims = {(rec["provider"], rec["body_sha256"]): rec["event_id"]

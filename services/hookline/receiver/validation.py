@@ -64,7 +64,7 @@ def escape_text(text: str) -> str:
     aiohttp decodes header bytes as UTF-8 with ``surrogateescape``, so the original bytes
     are recovered first; the escaping is for reading, not reversible.
     """
-    if text.isascii() and "\x00" not in text:
+    if _plain_text(text):
         return text
     try:
         raw = text.encode("utf-8", "surrogateescape")
@@ -78,7 +78,14 @@ def storable_headers(headers: Mapping[str, str], dropped: frozenset[str]) -> dic
 
     A repeated header keeps its last value, as before.
     """
+    kept = {k: v for k, v in headers.items() if k.lower() not in dropped}
+    if _plain_text("".join(kept) + "".join(kept.values())):  # nearly always: nothing to escape
+        return kept
     return {escape_text(k): escape_text(v) for k, v in headers.items() if k.lower() not in dropped}
+
+
+def _plain_text(text: str) -> bool:
+    return text.isascii() and "\x00" not in text
 
 
 class JsonBody:
