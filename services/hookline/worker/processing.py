@@ -314,8 +314,8 @@ class Processor:
         if outcome.result is Result.DEAD and outcome.error is not None:
             log.warning("event dead", extra={"provider": event.provider, "event_id": event.event_id,
                                              "attempts": event.attempts, "error": outcome.error[:300]})
-        metrics.handler_duration.labels(event.provider).observe(time.perf_counter() - started)
-        metrics.worker_events.labels(event.provider, outcome.result.value).inc()
+        metrics.child(metrics.handler_duration, event.provider).observe(time.perf_counter() - started)
+        metrics.child(metrics.worker_events, event.provider, outcome.result.value).inc()
         return outcome.result
 
     async def _attempt(self, event: Event, provider: Provider, deferred_since: float | None,
@@ -409,18 +409,24 @@ class Processor:
         return Result.UNKNOWN if booked is None else Result.DONE if booked else Result.LOST
 
     async def _effect(self, event: Event, provider: Provider, conn: asyncpg.Connection | None) -> None:
+        if not tracing.enabled():  # the common case: no span to build per event
+            return await self._run_effect(event, provider, conn, None)
         # The handler span continues the receiver's (core/tracing.py); outbox events the handler
         # publishes, and the destination call, carry it on.
         with tracing.span("hookline.handle", event.headers.get("traceparent"), tracing.CONSUMER,
                           {"hookline.provider": event.provider, "hookline.event_id": event.event_id,
                            "hookline.attempt": event.attempts}) as traceparent:
-            if provider.handler:
-                handler = load_handler(provider.handler)
-                await (handler.function(event, conn) if handler.transactional else handler.function(event))
-            elif provider.destination:
-                await self._call_destination(event, provider, traceparent)
-            else:
-                raise PermanentFailure(f"provider {provider.name} has neither handler nor destination")
+            await self._run_effect(event, provider, conn, traceparent)
+
+    async def _run_effect(self, event: Event, provider: Provider, conn: asyncpg.Connection | None,
+                          traceparent: str | None) -> None:
+        if provider.handler:
+            handler = load_handler(provider.handler)
+            await (handler.function(event, conn) if handler.transactional else handler.function(event))
+        elif provider.destination:
+            await self._call_destination(event, provider, traceparent)
+        else:
+            raise PermanentFailure(f"provider {provider.name} has neither handler nor destination")
 
     async def _call_destination(self, event: Event, provider: Provider, traceparent: str | None = None) -> None:
         assert provider.destination is not None
