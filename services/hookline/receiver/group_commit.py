@@ -69,10 +69,20 @@ class GroupCommitter:
         self._pool = pool
         self._sql = db.query("insert_inbox_batch")
         self._sql_replay = db.query("insert_inbox_batch_replay_protected")
+        self._max_batch = max_batch
         self._batcher: Batcher[InboxRow, Stored] = Batcher(
             self._write, name="group-commit", max_batch=max_batch, window=window, writers=flushers,
-            max_queued=max_queued, isolate=is_data_error)
+            max_queued=max_queued, isolate=is_data_error, active=self._writers_needed)
         self._pruner: asyncio.Task[None] | None = None
+
+    def _writers_needed(self) -> int:
+        """One writer while one batch can take everything queued, another per further full batch.
+
+        Under load it is CPU, not round trips, that runs out: a writer per request burst made
+        batches of ~10 where one writer makes them of everything that arrived during the last
+        write, and each transaction costs Postgres and this process the same whatever its size.
+        """
+        return 1 + self._batcher.queued // self._max_batch
 
     def start(self) -> None:
         self._batcher.start()
@@ -84,6 +94,11 @@ class GroupCommitter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pruner
         await self._batcher.stop()
+
+    @property
+    def queued(self) -> int:
+        """Rows waiting for a writer."""
+        return self._batcher.queued
 
     async def store(self, row: InboxRow) -> Stored:
         """Store ``row`` durably. Raises ``BatcherFull`` when too many rows wait already, a data
