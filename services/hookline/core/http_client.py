@@ -92,14 +92,13 @@ def _check_value(name: str, value: str) -> None:
 
 def encode_request(target: Target, headers: dict[str, str], body: bytes) -> bytes:
     """The whole request as one buffer (one write, one syscall)."""
-    lines = [target.head]
+    lines = []
     for name, value in headers.items():
         _check_name(name)
         _check_value(name, value)
-        lines.append(f"{name}: {value}\r\n".encode("latin-1"))
-    lines.append(f"Content-Length: {len(body)}\r\n\r\n".encode("latin-1"))
-    lines.append(body)
-    return b"".join(lines)
+        lines.append(f"{name}: {value}\r\n")
+    lines.append(f"Content-Length: {len(body)}\r\n\r\n")
+    return b"".join((target.head, "".join(lines).encode("latin-1"), body))
 
 
 @dataclass
@@ -154,13 +153,26 @@ class _Connection(asyncio.Protocol):
         if answer is not None:
             self._waiter.set_result(answer)
 
-    def send(self, request: bytes, limit: int) -> asyncio.Future[Answer]:
+    async def exchange(self, request: bytes, limit: int, deadline: float) -> Answer:
+        """Send ``request`` and wait for its answer until ``deadline`` (the loop's clock): TimeoutError then.
+        One timer per request, not an ``asyncio.timeout`` scope (that cost more than the parsing)."""
         assert self.transport is not None
+        loop = asyncio.get_running_loop()
         self._buffer.clear()
         self._limit = limit
-        self._waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(request)
-        return self._waiter
+        waiter: asyncio.Future[Answer] = loop.create_future()
+        self._waiter = waiter
+        timer = loop.call_at(deadline, self._expire, waiter)
+        try:
+            self.transport.write(request)
+            return await waiter
+        finally:
+            timer.cancel()
+
+    @staticmethod
+    def _expire(waiter: asyncio.Future[Answer]) -> None:
+        if not waiter.done():
+            waiter.set_exception(TimeoutError())
 
     def close(self) -> None:
         self.closed = True
@@ -270,14 +282,15 @@ def _public_only(host: str, infos: list[_AddrInfo]) -> list[_AddrInfo]:
 
 
 class WebhookClient:
-    """Kept-alive connections per origin; at most ``connections`` requests at once."""
+    """Kept-alive connections per origin, at most ``connections`` of them kept idle per origin. The
+    caller bounds how many requests run at once (the relay: its concurrency); each has its own connection."""
 
     def __init__(self, *, allow_private_networks: bool, connections: int = 100,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         self.allow_private_networks = allow_private_networks
         self._ssl = ssl_context or ssl.create_default_context()
         self._idle: dict[tuple[str, str, int], deque[_Connection]] = {}
-        self._slots = asyncio.Semaphore(connections)
+        self._max_idle = connections
         self._targets: dict[str, Target] = {}  # parsed URLs (an install has few endpoints)
         self.connections_opened = 0  # for tests: keep-alive reuse is observable
 
@@ -291,10 +304,10 @@ class WebhookClient:
                    connect_timeout: float | None = None,
                    max_response_bytes: int = MAX_RESPONSE_BYTES) -> DeliveryResult:
         started = time.perf_counter()
+        deadline = asyncio.get_running_loop().time() + timeout  # the whole request: connecting included
         try:
-            async with asyncio.timeout(timeout):
-                answer = await self._exchange(url, body, headers, connect_timeout or min(timeout, 5.0),
-                                              max_response_bytes)
+            answer = await self._exchange(url, body, headers, deadline, connect_timeout or min(timeout, 5.0),
+                                          max_response_bytes)
             return DeliveryResult(status=answer.status, body=answer.body.decode("utf-8", "replace"),
                                   latency=time.perf_counter() - started,
                                   retry_after=parse_retry_after(answer.headers.get("retry-after")))
@@ -309,27 +322,31 @@ class WebhookClient:
         return DeliveryResult(status=None, body="", latency=time.perf_counter() - started, error=error,
                               error_kind=kind)
 
-    async def _exchange(self, url: str, body: bytes, headers: dict[str, str], connect_timeout: float,
-                        limit: int) -> Answer:
+    async def _exchange(self, url: str, body: bytes, headers: dict[str, str], deadline: float,
+                        connect_timeout: float, limit: int) -> Answer:
         target = self._targets.get(url)
         if target is None:
             target = Target.parse(url)
             if len(self._targets) < 10_000:
                 self._targets[url] = target
         request = encode_request(target, headers, body)
-        async with self._slots:
-            connection = self._idle_connection(target.origin) or await self._connect(target.origin, connect_timeout)
-            try:
-                answer = await connection.send(request, limit)
-            except BaseException:
-                connection.close()  # mid-request (timeout, cancel, error): its state is unknown
-                raise
-            if answer.reusable and not connection.closed:
-                connection.idle_since = time.monotonic()
-                self._idle.setdefault(target.origin, deque()).append(connection)
-            else:
-                connection.close()
-            return answer
+        connection = self._idle_connection(target.origin)
+        if connection is None:
+            loop = asyncio.get_running_loop()
+            async with asyncio.timeout_at(min(deadline, loop.time() + connect_timeout)):
+                connection = await self._connect(target.origin)
+        try:
+            answer = await connection.exchange(request, limit, deadline)
+        except BaseException:
+            connection.close()  # mid-request (timeout, cancel, error): its state is unknown
+            raise
+        idle = self._idle.setdefault(target.origin, deque())
+        if answer.reusable and not connection.closed and len(idle) < self._max_idle:
+            connection.idle_since = time.monotonic()
+            idle.append(connection)
+        else:
+            connection.close()
+        return answer
 
     def _idle_connection(self, origin: tuple[str, str, int]) -> _Connection | None:
         idle = self._idle.get(origin)
@@ -341,31 +358,30 @@ class WebhookClient:
             connection.close()
         return None
 
-    async def _connect(self, origin: tuple[str, str, int], connect_timeout: float) -> _Connection:
+    async def _connect(self, origin: tuple[str, str, int]) -> _Connection:
         scheme, host, port = origin
         loop = asyncio.get_running_loop()
-        async with asyncio.timeout(connect_timeout):
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            if not self.allow_private_networks:
-                infos = _public_only(host, infos)
-            last_error: OSError | None = None
-            for family, type_, proto, _, address in infos:
-                sock = socket.socket(family, type_, proto)
-                try:
-                    sock.setblocking(False)
-                    await loop.sock_connect(sock, address)
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    _, connection = await loop.create_connection(
-                        _Connection, sock=sock, ssl=self._ssl if scheme == "https" else None,
-                        server_hostname=host if scheme == "https" else None)
-                except OSError as exc:
-                    sock.close()
-                    last_error = exc
-                    continue
-                except BaseException:
-                    sock.close()
-                    raise
-                self.connections_opened += 1
-                return connection
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        if not self.allow_private_networks:
+            infos = _public_only(host, infos)
+        last_error: OSError | None = None
+        for family, type_, proto, _, address in infos:
+            sock = socket.socket(family, type_, proto)
+            try:
+                sock.setblocking(False)
+                await loop.sock_connect(sock, address)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                _, connection = await loop.create_connection(
+                    _Connection, sock=sock, ssl=self._ssl if scheme == "https" else None,
+                    server_hostname=host if scheme == "https" else None)
+            except OSError as exc:
+                sock.close()
+                last_error = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            self.connections_opened += 1
+            return connection
         reason = f"{type(last_error).__name__}: {last_error}" if last_error else "no address"
         raise ConnectionError(f"Cannot connect to host {host}:{port} ({reason})") from last_error

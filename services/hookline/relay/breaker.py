@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -128,11 +128,18 @@ class Outcomes:
     probe_successes: int = 0
     probe_failures: int = 0
 
-    def plus(self, *, ok: bool, probe: bool) -> Outcomes:
-        if probe:
-            return dataclasses.replace(self, probe_successes=self.probe_successes + ok,
-                                       probe_failures=self.probe_failures + (not ok))
-        return dataclasses.replace(self, successes=self.successes + ok, failures=self.failures + (not ok))
+    def __add__(self, other: Outcomes) -> Outcomes:
+        return Outcomes(self.successes + other.successes, self.failures + other.failures,
+                        self.probe_successes + other.probe_successes, self.probe_failures + other.probe_failures)
+
+
+def tally(attempts: Iterable[tuple[str, bool, bool]]) -> dict[str, Outcomes]:
+    """(endpoint, ok, probe) per finished attempt, counted per endpoint (one Outcomes per endpoint,
+    not one per attempt)."""
+    counts: dict[str, list[int]] = {}
+    for endpoint, ok, probe in attempts:
+        counts.setdefault(endpoint, [0, 0, 0, 0])[(2 if probe else 0) + (0 if ok else 1)] += 1
+    return {endpoint: Outcomes(*c) for endpoint, c in counts.items()}
 
 
 @dataclass(frozen=True)

@@ -92,8 +92,12 @@ RETURNING d.id;
 -- The events behind a batch of claimed deliveries (claim returns delivery rows),
 -- with the endpoint's secrets as of now: a rotation committed before the claim
 -- signs every delivery of that claim, however stale the relay's endpoint cache.
--- The payload as JSON text: the relay splices it into the envelope as it is.
-SELECT o.id, o.event_id, o.event_type, o.payload::text AS payload, o.created_at, o.traceparent, e.secrets
+-- The payload as JSON text: the relay splices it into the envelope as it is, and the
+-- envelope's RFC 3339 timestamp (UTC, microseconds) formatted here. The secrets as text:
+-- the same on every row, so the relay decodes them once per claim, not once per row.
+SELECT o.id, o.event_id, o.event_type, o.payload::text AS payload,
+       to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS timestamp, o.traceparent,
+       e.secrets::text AS secrets
 FROM hookline.outbox AS o, hookline.endpoints AS e
 WHERE o.id = ANY($1::bigint[]) AND e.name = $2;
 
