@@ -137,14 +137,14 @@ class LeasedConsumer(ABC):
         entry = self.in_flight.pop(id, None)
         if entry is not None:
             self.completing[id] = entry
-            self._slot_free.set()
+            self._slot_freed()
 
     def _finished(self, id: int, task: asyncio.Task[Any]) -> None:
         entry = self.in_flight.pop(id, None) or self.completing.pop(id, None)
         if id == self.suspect:
             self.suspect = None
             self._suspect_waiting = True  # nothing is in flight: the next suspect, if any, goes now
-        self._slot_free.set()
+        self._slot_freed()
         self.on_finished(id, entry[2] if entry else "", task)
 
     async def start_loops(self) -> None:
@@ -192,6 +192,12 @@ class LeasedConsumer(ABC):
             self.listener.unsubscribe(self._subscription)
         if self._own_listener:
             await self.listener.stop()
+
+    def _slot_freed(self) -> None:
+        # Wake the claim loop only once it may claim (what it waits for): woken for every task that
+        # ends, it mostly found too few free slots and slept again, a task switch per event.
+        if self._may_claim():
+            self._slot_free.set()
 
     def _may_claim(self) -> bool:
         if self.suspect is not None:
