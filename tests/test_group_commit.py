@@ -65,3 +65,57 @@ async def test_one_writer_until_more_than_a_full_batch_waits(database_url: str) 
         await watcher.close()
         await committer.stop()
         await pool.close()
+
+
+async def test_a_store_not_done_in_time_raises_timeout_and_leaves_the_queue(database_url: str) -> None:
+    pool = await db.create_pool(database_url, max_size=2)
+    committer = GroupCommitter(pool, max_batch=8, window=0, flushers=1, store_timeout=0.5)
+    committer.start()
+    locker = await asyncpg.connect(database_url)
+    watcher = await asyncpg.connect(database_url)
+    tx = locker.transaction()
+    await tx.start()
+    await locker.execute("LOCK TABLE hookline.inbox_keys IN SHARE MODE")
+    try:
+        written = asyncio.create_task(committer.store(row()))
+        await until(watcher, 1)
+        queued = [asyncio.create_task(committer.store(row())) for _ in range(3)]
+        for store in (written, *queued):
+            with pytest.raises(TimeoutError):
+                await store
+        assert committer.queued == 0  # the late rows left the queue: they are not written later
+        await tx.rollback()
+        assert (await committer.store(row())).is_new  # the writer goes on
+        # The batch being written when its caller gave up is stored (the sender's retry: a duplicate).
+        assert await pool.fetchval("SELECT count(*) FROM hookline.inbox") == 2
+    finally:
+        await locker.close()
+        await watcher.close()
+        await committer.stop()
+        await pool.close()
+
+
+async def test_a_task_cancelled_by_someone_else_is_cancelled_not_timed_out(database_url: str) -> None:
+    pool = await db.create_pool(database_url, max_size=2)
+    committer = GroupCommitter(pool, max_batch=8, window=0, flushers=1, store_timeout=30)
+    committer.start()
+    locker = await asyncpg.connect(database_url)
+    watcher = await asyncpg.connect(database_url)
+    tx = locker.transaction()
+    await tx.start()
+    await locker.execute("LOCK TABLE hookline.inbox_keys IN SHARE MODE")
+    try:
+        written = asyncio.create_task(committer.store(row()))
+        await until(watcher, 1)
+        queued = asyncio.create_task(committer.store(row()))
+        await asyncio.sleep(0)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        await tx.rollback()
+        assert (await written).is_new
+    finally:
+        await locker.close()
+        await watcher.close()
+        await committer.stop()
+        await pool.close()

@@ -12,7 +12,6 @@ Input the sender got wrong is a 4xx and costs no other sender anything.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import json
@@ -183,8 +182,7 @@ class Intake:
                                                        if k.lower() != "traceparent"},
                                                     "traceparent": traceparent})
         try:
-            async with asyncio.timeout(STORE_TIMEOUT):
-                stored = await self.committer.store(row)
+            stored = await self.committer.store(row)
         except BatcherFull:
             log.warning("group-commit queue full; refusing", extra={"provider": provider.name})
             return unavailable("too many events waiting to be stored; retry later")
@@ -228,7 +226,8 @@ class Receiver:
         self.pool = pool
         self.registry = registry
         self.limits = limits or ReceiverLimits()
-        self.committer = GroupCommitter(pool, max_queued=self.limits.max_queued_events, **committer_options)
+        self.committer = GroupCommitter(pool, max_queued=self.limits.max_queued_events, store_timeout=STORE_TIMEOUT,
+                                        **committer_options)
         self.intake = Intake(registry, self.committer, self.limits)
         self.app = create_app(pool, self.intake)
         self.host, self.port = host, port

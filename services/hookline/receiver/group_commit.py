@@ -28,6 +28,7 @@ import asyncpg
 
 from hookline.core import db, metrics
 from hookline.core.batching import Batcher
+from hookline.receiver.deadlines import Deadlines
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,9 @@ class Stored:
 
 class GroupCommitter:
     def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 128, window: float = 0.001, flushers: int = 4,
-                 max_queued: int | None = None) -> None:
+                 max_queued: int | None = None, store_timeout: float = 10.0) -> None:
         self._pool = pool
+        self._deadlines = Deadlines(store_timeout)
         self._sql = db.query("insert_inbox_batch")
         self._sql_replay = db.query("insert_inbox_batch_replay_protected")
         self._max_batch = max_batch
@@ -85,6 +87,7 @@ class GroupCommitter:
         return 1 + self._batcher.queued // self._max_batch
 
     def start(self) -> None:
+        self._deadlines.start()
         self._batcher.start()
         self._pruner = asyncio.create_task(self._prune_body_hashes(), name="body-hash-pruner")
 
@@ -94,6 +97,7 @@ class GroupCommitter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pruner
         await self._batcher.stop()
+        await self._deadlines.stop()
 
     @property
     def queued(self) -> int:
@@ -102,9 +106,11 @@ class GroupCommitter:
 
     async def store(self, row: InboxRow) -> Stored:
         """Store ``row`` durably. Raises ``BatcherFull`` when too many rows wait already, a data
-        error (:func:`is_data_error`) when Postgres refuses this row, anything else when Postgres
+        error (:func:`is_data_error`) when Postgres refuses this row, ``TimeoutError`` when it is
+        not stored within ``store_timeout`` seconds (a row whose batch was being written by then
+        may still be stored: the sender's retry is then a duplicate), anything else when Postgres
         is unavailable."""
-        return await self._batcher.submit(row)
+        return await self._deadlines.within(self._batcher.submit(row))
 
     async def _write(self, rows: list[InboxRow]) -> list[Stored]:
         columns: list[list[Any]] = [
