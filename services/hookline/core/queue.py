@@ -148,11 +148,13 @@ class Queue:
 
     async def retry(self, conn: asyncpg.Connection | asyncpg.Pool, id: int, attempts: int, worker: str,
                     delay: float, error: str) -> bool:
-        return bool(await conn.fetchval(self._sql["retry"], id, attempts, worker, float(delay), error))
+        """Book a failed attempt for another one after ``delay`` seconds; False when the lease was lost."""
+        return bool(await conn.fetchval(self._sql["fail"], id, attempts, worker, float(delay), error))
 
     async def bury(self, conn: asyncpg.Connection | asyncpg.Pool, id: int, attempts: int, worker: str,
                    error: str) -> bool:
-        return bool(await conn.fetchval(self._sql["bury"], id, attempts, worker, error))
+        """Book a failed attempt as the last: the row is dead; False when the lease was lost."""
+        return bool(await conn.fetchval(self._sql["fail"], id, attempts, worker, None, error))
 
     async def release(self, conn: asyncpg.Connection | asyncpg.Pool, ids: Sequence[int], worker: str,
                       delay: float = 0.0) -> set[int]:

@@ -14,7 +14,7 @@
 -- Parameters stay parameters.
 --
 -- The attempt log (hookline.attempts): every statement that books the outcome of an
--- attempt (complete, retry, bury, requeue_expired) appends it in the same statement,
+-- attempt (complete, fail, requeue_expired) appends it in the same statement,
 -- through hookline.log_attempts (migration 0016): one call and one INSERT per batch,
 -- committed with the outcome. Each returns one row: what it booked, and `logged`.
 --
@@ -158,38 +158,25 @@ SELECT array_agg(id) AS ids,
                              array_agg(latency_ms)) AS logged
 FROM done;
 
--- name: retry
+-- name: fail
+-- A failed attempt: retried after $4 seconds, or dead when $4 is NULL ($5: the error).
 -- Returns the number booked: 1, or 0 when the lease was lost.
-WITH retried AS (
+WITH failed AS (
     UPDATE /* TEMPLATE: table */hookline.inbox AS t
-    SET status = 'pending', next_attempt_at = now() + make_interval(secs => $4), lease_expires_at = NULL,
-        locked_by = NULL, last_error = $5
+    SET status = CASE WHEN $4::float8 IS NULL THEN 'dead' ELSE 'pending' END,
+        next_attempt_at = coalesce(now() + make_interval(secs => $4::float8), t.next_attempt_at),
+        processed_at = CASE WHEN $4::float8 IS NULL THEN now() ELSE t.processed_at END,
+        lease_expires_at = NULL, locked_by = NULL, last_error = $5
     WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
-    RETURNING t.id, t./* TEMPLATE: partition */provider AS part, t.attempts, $3::text AS worker, 'retry'::text AS outcome,
-              t.last_error,
+    RETURNING t.id, t./* TEMPLATE: partition */provider AS part, t.attempts, $3::text AS worker,
+              CASE WHEN $4::float8 IS NULL THEN 'dead' ELSE 'retry' END AS outcome, t.last_error,
               coalesce(NULL::float8/* TEMPLATE_BEGIN: timed */, extract(epoch FROM clock_timestamp() - t.claimed_at) * 1000/* TEMPLATE_END */) AS latency_ms
 )
 SELECT count(*) AS booked,
        hookline.log_attempts(/* TEMPLATE: log_queue */'inbox', array_agg(id), array_agg(part), array_agg(attempts),
                              array_agg(worker), array_agg(outcome), array_agg(last_error), NULL,
                              array_agg(latency_ms)) AS logged
-FROM retried;
-
--- name: bury
--- Returns the number booked: 1, or 0 when the lease was lost.
-WITH buried AS (
-    UPDATE /* TEMPLATE: table */hookline.inbox AS t
-    SET status = 'dead', processed_at = now(), lease_expires_at = NULL, locked_by = NULL, last_error = $4
-    WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
-    RETURNING t.id, t./* TEMPLATE: partition */provider AS part, t.attempts, $3::text AS worker, 'dead'::text AS outcome,
-              t.last_error,
-              coalesce(NULL::float8/* TEMPLATE_BEGIN: timed */, extract(epoch FROM clock_timestamp() - t.claimed_at) * 1000/* TEMPLATE_END */) AS latency_ms
-)
-SELECT count(*) AS booked,
-       hookline.log_attempts(/* TEMPLATE: log_queue */'inbox', array_agg(id), array_agg(part), array_agg(attempts),
-                             array_agg(worker), array_agg(outcome), array_agg(last_error), NULL,
-                             array_agg(latency_ms)) AS logged
-FROM buried;
+FROM failed;
 
 -- name: release
 -- Give leases back without counting the attempt (shutdown before the work began,
