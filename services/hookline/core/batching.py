@@ -137,22 +137,15 @@ class Batcher(Generic[T, R]):
         if self._unfinished == 0:
             self._idle.set()
 
-    def _may_write(self, index: int) -> bool:
-        return self._active is None or index < max(1, self._active())
+    def _active_writers(self) -> int:
+        return self._writers if self._active is None else max(1, self._active())
 
     def _wake_one_writer(self) -> None:
-        if self._active is None:  # any writer will do: the longest waiting
-            while self._waiting_writers:
-                _, writer = self._waiting_writers.popleft()
-                if not writer.done():  # a writer cancelled at stop leaves a done future behind
-                    writer.set_result(None)
-                    return
-            return
-        for entry in list(self._waiting_writers):
+        """Wake the longest-waiting writer that may write now."""
+        active = self._active_writers()
+        for entry in self._waiting_writers:
             index, writer = entry
-            if writer.done():  # a writer cancelled at stop leaves a done future behind
-                self._waiting_writers.remove(entry)
-            elif self._may_write(index):
+            if index < active and not writer.done():  # a writer cancelled at stop leaves a done future
                 self._waiting_writers.remove(entry)
                 writer.set_result(None)
                 return
@@ -163,7 +156,7 @@ class Batcher(Generic[T, R]):
             batch.append(self._queue.popleft())
 
     async def _next_batch(self, index: int) -> list[_Waiter[T, R]]:
-        while not self._queue or not self._may_write(index):
+        while not self._queue or index >= self._active_writers():
             if self._queue:  # this writer stands down: queued items need one that may write
                 self._wake_one_writer()
             wakeup: asyncio.Future[None] = asyncio.get_running_loop().create_future()
