@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import json
 import re
 from typing import Any
 
@@ -106,15 +107,15 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
-def _json_dumps(value: Any) -> str:
-    import json
+# One encoder for every value: json.dumps with any option builds a new JSONEncoder per call.
+_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
-    return json.dumps(value, separators=(",", ":"))
+
+def _json_dumps(value: Any) -> str:
+    return _JSON_ENCODER.encode(value)
 
 
 def _json_loads(value: str) -> Any:
-    import json
-
     return json.loads(value)
 
 
