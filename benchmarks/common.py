@@ -99,6 +99,11 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
+def parent_pid(pid: int) -> int:
+    """The parent of ``pid`` (e.g. the postmaster of a backend, from ``pg_backend_pid()``)."""
+    return int(_read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[1])
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of one process (Linux); 0 once it is gone."""
     stat = _read(f"/proc/{pid}/stat")

@@ -43,7 +43,7 @@ from pathlib import Path
 import asyncpg
 
 from benchmarks import peers
-from benchmarks.common import BenchDatabase, Usage, checkpoint, free_port, percentile, record, start_service
+from benchmarks.common import BenchDatabase, Usage, checkpoint, free_port, parent_pid, percentile, record, start_service
 from hookline.core.embedded import binary
 from hookline.core.queue import INBOX
 from hookline.core.signatures import sign_standard_webhooks
@@ -98,6 +98,7 @@ class Drain:
     total: int  # the backlog at the start
     usage: Usage | None = None  # the worker processes' RSS and CPU while draining
     cpu_jobs: int = 0  # finished while usage counted CPU (from the first progress on)
+    server: Usage | None = None  # Postgres (every backend) over the same interval
 
     @property
     def rate(self) -> float:
@@ -108,10 +109,16 @@ class Drain:
         """Worker processes' CPU per job finished while draining (start-up left out), in microseconds."""
         return self.usage.cpu / max(self.cpu_jobs, 1) * 1e6 if self.usage else float("nan")
 
+    @property
+    def server_cpu_us(self) -> float:
+        """Postgres CPU per job finished while draining, in microseconds."""
+        return self.server.cpu / max(self.cpu_jobs, 1) * 1e6 if self.server else float("nan")
+
     def describe_usage(self) -> str:
         if self.usage is None:
             return ""
-        return f"RSS {self.usage.describe_rss()}, CPU {self.cpu_us:,.0f} us/event"
+        return (f"RSS {self.usage.describe_rss()}, CPU {self.cpu_us:,.0f} us/event, "
+                f"Postgres {self.server_cpu_us:,.0f} us/event")
 
     def describe(self, unit: str) -> str:
         done = f"{self.jobs:,} {unit} in {self.seconds:.2f} s"
@@ -154,10 +161,13 @@ async def drain(conn: asyncpg.Connection, remaining_sql: str, args: tuple[object
     hold up the whole run for many minutes.
     """
     total = int(await conn.fetchval(remaining_sql, *args))
+    postmaster = parent_pid(int(await conn.fetchval("SELECT pg_backend_pid()")))
     spawned = time.monotonic()
     procs = spawn()
     usage = Usage([p.pid for p in procs])
     usage.start()
+    server = Usage([postmaster])  # every backend, the consumers' and this poll's
+    server.start()
     try:
         previous = spawned
         started: float | None = None
@@ -171,12 +181,14 @@ async def drain(conn: asyncpg.Connection, remaining_sql: str, args: tuple[object
                 # that poll errs on the slow side by at most one interval.
                 started = previous
                 usage.rebase()  # CPU per event without the interpreter's start-up and imports
+                server.rebase()
                 remaining_at_rebase = remaining
             if remaining == 0 or (started is not None and now - started > budget):
                 assert started is not None
                 await usage.stop()
+                await server.stop()
                 return Drain(start_remaining - remaining, now - started, now - spawned, total, usage,
-                             remaining_at_rebase - remaining)
+                             remaining_at_rebase - remaining, server)
             if now - spawned > budget + 60:
                 raise RuntimeError(f"no progress in {now - spawned:.0f} s ({remaining:,} of {total:,} left)")
             dead = [p for p in procs if p.poll() is not None]
@@ -488,9 +500,11 @@ def effect_lines(rounds: list[EffectRound], args: argparse.Namespace) -> list[st
         overall = sum(hook_rates) / sum(rates)
         each = ", ".join(f"{h / p:.2f}" for h, p in zip(hook_rates, rates, strict=True))
         target = ">= 1.5" if peer.package == "pgqueuer" else "> 1.0"
+        first = per_round[0]
+        assert isinstance(first, Drain)
         lines.append(f"  {peer.name} {peers.version(peer.package)}, job writing the same row through a pool (at least "
                      f"once): {', '.join(f'{x:,.0f}' for x in rates)} jobs/s per round; ratio hookline/{peer.name} "
-                     f"{overall:.2f}x (rounds {each}; target {target}x)")
+                     f"{overall:.2f}x (rounds {each}; target {target}x; round 1: {first.describe_usage()})")
         record(args.results, "worker", f"exactly-once effect / {peer.name} {peers.version(peer.package)} effect",
                overall, target)
     return lines
@@ -614,7 +628,8 @@ def peer_lines(peer: peers.Peer, result: Drain | str, results: Results, args: ar
     label = f"{peer.name} {peers.version(peer.package)}"
     target = ">= 1.2" if peer.package == "pgqueuer" else "> 1.0"
     return [
-        f"{label + ', no-op job:':<48}{result.rate:>9,.0f} jobs/s    ({result.describe('jobs')}; {shape(args)})",
+        f"{label + ', no-op job:':<48}{result.rate:>9,.0f} jobs/s    ({result.describe('jobs')}; {shape(args)}; "
+        f"{result.describe_usage()})",
         f"  ratio hookline/{peer.name}: {ratio(results.plain.rate, result.rate)} (target {target}x); "
         f"transactional handler {ratio(results.tx.rate, result.rate)}",
     ]

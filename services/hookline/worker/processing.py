@@ -198,6 +198,7 @@ class TransactionBatches:
         self._max_seconds = max_seconds
         self._transactions = transactions
         self._job_seconds = 0.001  # recent time per job, a moving average
+        self._transaction_seconds = 0.001  # recent time per batch, from its start to its commit
         self._batcher: Batcher[Job, Outcome | None] = Batcher(
             self._run, name=f"transactions:{name}", max_batch=max_batch, window=0.0, writers=transactions,
             limit=self._limit, active=self._active_transactions)
@@ -214,15 +215,26 @@ class TransactionBatches:
 
     def _active_transactions(self) -> int:
         """As many transactions as it takes for the jobs in flight (up to one per transaction)
-        to finish their handlers in max_seconds / BATCH_TIME_SHARE."""
-        needed = -(-self._transactions * self._job_seconds * self.BATCH_TIME_SHARE // self._max_seconds)
-        return max(self.MIN_TRANSACTIONS, min(self._transactions, int(needed)))
+        to finish their handlers in max_seconds / BATCH_TIME_SHARE, and for a job that arrives
+        to wait no longer than that for a free transaction: when commits are slow (a loaded disk
+        flushing WAL), more transactions run side by side instead of jobs queueing behind them."""
+        share = self._max_seconds / self.BATCH_TIME_SHARE
+        for_handlers = -(-self._transactions * self._job_seconds // share)
+        for_commits = -(-self._transaction_seconds // share)
+        return max(self.MIN_TRANSACTIONS, min(self._transactions, int(max(for_handlers, for_commits))))
 
     def _limit(self, queued: int) -> int:
         fit = int(self._max_seconds / max(self._job_seconds, 1e-6))
         return min(fit, max(self.EVEN_SHARE, -(-queued // self._active_transactions())))
 
     async def _run(self, jobs: list[Job]) -> list[Outcome | None]:
+        started = time.monotonic()
+        try:
+            return await self._run_batch(jobs)
+        finally:
+            self._transaction_seconds = 0.7 * self._transaction_seconds + 0.3 * (time.monotonic() - started)
+
+    async def _run_batch(self, jobs: list[Job]) -> list[Outcome | None]:
         if len(jobs) == 1:
             metrics.worker_batch_size.observe(1)
             return [await self._run_alone(jobs[0])]
