@@ -8,7 +8,8 @@ id of every call on another connection, so the tests can see who shared one), an
 then check that each event still has exactly one effect:
 
 * a handler that raises rolls back only its own savepoint and is retried;
-* an event whose lease is taken mid-batch loses only its own effect;
+* an event whose lease is taken mid-batch loses only its own effect, and the events after it
+  in the batch run again and commit once;
 * a worker SIGKILLed mid-batch leaves nothing of the batch applied;
 * events of one entity in one batch run in order, and a deferral inside a batch
   is released by its predecessor in the same batch, as it is unbatched.
@@ -177,3 +178,33 @@ async def test_ordered_events_in_one_batch_keep_their_order(database_url: str, t
     # it, and applied in a later transaction; a deferral costs no attempt.
     assert txid[("e1", "succeeded")] != txid[("e1", "created")]
     assert all(r["attempt"] == 1 for r in effects)
+
+
+async def test_events_after_a_lost_lease_in_their_batch_run_again_and_commit_once(
+        database_url: str, tables: asyncpg.Pool, log_dir) -> None:
+    """The batch's one completion finds the victim's lease gone: the batch is cut at the victim's
+    savepoint, so the events that ran after it in the batch lose their effects there and are
+    handed back: they run again (same attempt) in a later transaction, and commit once."""
+    apply_provider(database_url, "batch", PROVIDER)
+    ids = await insert(tables, "batch", [("ok", None), ("thief", None), ("victim", None), ("ok", None), ("ok", None)])
+    before, thief, victim, after = ids[0], ids[1], ids[2], ids[3:]
+    w = worker(database_url, log_dir, *BATCH)
+    try:
+        await wait_for(tables, "SELECT count(*) FROM hookline.inbox WHERE status = 'done'", 4, timeout=60)
+    finally:
+        assert w.stop() == 0
+    calls: dict[str, list[int]] = {}
+    for r in await tables.fetch("SELECT event_id, txid FROM batch_calls WHERE attempt = 1"):
+        calls.setdefault(r["event_id"], []).append(r["txid"])
+    batch = calls[victim][0]
+    assert calls[before] == [batch] and calls[thief] == [batch]
+    for event_id in after:
+        # Ran in the cut batch, then again in another transaction, still as attempt 1.
+        assert len(calls[event_id]) == 2 and batch in calls[event_id] and len(set(calls[event_id])) == 2, calls
+    committed = await tables.fetch("SELECT event_id, txid, attempt FROM batch_effects")
+    assert Counter(r["event_id"] for r in committed) == Counter([before, thief, *after])
+    assert {r["event_id"] for r in committed if r["txid"] == batch} == {before, thief}
+    rows = {r["event_id"]: (r["status"], r["attempts"]) for r in await tables.fetch(
+        "SELECT event_id, status, attempts FROM hookline.inbox")}
+    assert rows[victim] == ("processing", 1)  # another worker's now, as far as this one knows
+    assert all(rows[e] == ("done", 1) for e in [before, thief, *after])
