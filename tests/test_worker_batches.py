@@ -1,7 +1,7 @@
 """Transactional handlers in batches, with real worker processes on a real Postgres.
 
 Under load a worker runs several two-parameter handlers of one provider in one
-transaction, each in its own savepoint with its own guarded completion. These
+transaction, each in its own savepoint, and one guarded completion ends the batch. These
 tests put a few events in the inbox before a worker starts, so that its first
 claim takes them all and they share a batch (the handler records the transaction
 id of every call on another connection, so the tests can see who shared one), and
