@@ -1,4 +1,6 @@
-"""Outgoing HTTP for destinations (worker) and endpoints (relay): one careful POST.
+"""Outgoing HTTP: one careful POST to a worker's destination (aiohttp's client), and what the
+relay's own client (``core/http_client.py``) shares with it: the address guard, the result and its
+classification.
 
 Careful means: a connect timeout and a total timeout, no redirects (a 3xx is an
 answer, not an instruction to send a signed payload elsewhere), at most
