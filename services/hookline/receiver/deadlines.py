@@ -21,13 +21,13 @@ T = TypeVar("T")
 
 
 class _Waiting:
-    __slots__ = ("cancelling", "deadline", "done", "expired", "task")
+    __slots__ = ("cancelling", "deadline", "expired", "task")
 
     def __init__(self, task: asyncio.Task[object], deadline: float) -> None:
-        self.task = task
+        # None once done: a finished task holds its result, which need not wait for the sweep.
+        self.task: asyncio.Task[object] | None = task
         self.deadline = deadline
         self.cancelling = task.cancelling()  # cancellations asked for before ours (as asyncio.timeout)
-        self.done = False
         self.expired = False
 
 
@@ -62,7 +62,7 @@ class Deadlines:
                 raise TimeoutError(f"not done within {self.seconds:g} s") from None
             raise
         finally:
-            waiting.done = True
+            waiting.task = None
 
     async def _sweep(self) -> None:
         while True:
@@ -72,8 +72,8 @@ class Deadlines:
     def expire(self, now: float) -> None:
         """Cancel the tasks whose deadline is past; forget the finished ones at the front."""
         waiting = self._waiting
-        while waiting and (waiting[0].done or waiting[0].deadline <= now):
+        while waiting and (waiting[0].task is None or waiting[0].deadline <= now):
             late = waiting.popleft()
-            if not late.done:
+            if late.task is not None:  # not done
                 late.expired = True
                 late.task.cancel()
