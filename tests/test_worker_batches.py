@@ -24,6 +24,7 @@ from collections import Counter
 import asyncpg
 import pytest
 
+from hookline.core import db
 from hookline.core.maintenance import sweep_once
 from hookline.core.queue import RetryPolicy
 from support.batch_handlers import TABLES
@@ -208,3 +209,24 @@ async def test_events_after_a_lost_lease_in_their_batch_run_again_and_commit_onc
         "SELECT event_id, status, attempts FROM hookline.inbox")}
     assert rows[victim] == ("processing", 1)  # another worker's now, as far as this one knows
     assert all(rows[e] == ("done", 1) for e in [before, thief, *after])
+
+
+async def test_handlers_plan_as_postgres_does_by_default(database_url: str, tables: asyncpg.Pool, log_dir) -> None:
+    """The worker's pool plans Hookline's statements once (plan_cache_mode = force_generic_plan);
+    a handler's transaction, alone or in a batch, is back at Postgres's default."""
+    generic = await db.create_pool(database_url, generic_plans=True)
+    try:
+        assert await generic.fetchval("SHOW plan_cache_mode") == "force_generic_plan"
+    finally:
+        await generic.close()
+    apply_provider(database_url, "plans", PROVIDER.replace("effect_or_trouble", "record_plan_cache_mode"))
+    ids = await insert(tables, "plans", [("ok", None)] * 6)
+    w = worker(database_url, log_dir, *BATCH)
+    try:
+        await wait_for(tables, UNFINISHED, 0, timeout=60)
+    finally:
+        assert w.stop() == 0
+    rows = await tables.fetch("SELECT event_id, event_type, txid FROM batch_effects")
+    assert sorted(r["event_id"] for r in rows) == sorted(ids)
+    assert {r["event_type"] for r in rows} == {"auto"}
+    assert len({r["txid"] for r in rows}) < len(rows)  # some of them shared a batch

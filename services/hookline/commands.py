@@ -127,7 +127,8 @@ async def worker(args: argparse.Namespace) -> int:
     # connection budget counts per worker pod: the pool, the shared LISTEN and the maintenance leader's lock.
     # A sweeping worker also takes part in the partition manager's election (one more lock connection).
     pool = await db.create_pool(min_size=2, max_size=pools.pool_size(pools.worker(args.concurrency),
-                                                                  locks=2 if args.sweep else 1), lean=True)
+                                                                  locks=2 if args.sweep else 1),
+                                lean=True, generic_plans=True)
     listener = Listener(DedicatedConnection())
     await listener.start()
     registry = ProviderRegistry(pool, listener=listener)
@@ -207,7 +208,7 @@ async def relay(args: argparse.Namespace) -> int:
     # The pool, the LISTEN connection and the outbox's and partitions' leader locks: pools.relay in all.
     # Lean: no reset round trip per release (nothing in the relay leaves session state behind).
     pool = await db.create_pool(max_size=pools.pool_size(pools.relay(args.concurrency), locks=pools.RELAY_LOCKS),
-                                lean=True)
+                                lean=True, generic_plans=True)
     listener = Listener(DedicatedConnection())
     service = Relay(pool, concurrency=args.concurrency, allow_private_networks=allow_private,
                     host=args.host, port=args.port, poll_interval=args.poll_interval,

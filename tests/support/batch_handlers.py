@@ -57,3 +57,9 @@ async def effect_or_trouble(event: Any, conn: asyncpg.Connection) -> None:
             "WHERE event_type = 'victim' AND status = 'processing'")
     if event.event_type == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def record_plan_cache_mode(event: Any, conn: asyncpg.Connection) -> None:
+    """What a handler's statements are planned under (the worker's own pool forces generic plans)."""
+    await conn.execute("INSERT INTO batch_effects (event_id, event_type, attempt) "
+                       "VALUES ($1, current_setting('plan_cache_mode'), $2)", event.event_id, event.attempts)

@@ -48,7 +48,7 @@ import importlib
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -140,6 +140,24 @@ DONE = Outcome(Result.DONE)
 def savepoint_name(position: int) -> str:
     """The savepoint of the job at ``position`` in its batch's run order."""
     return f"hookline_job_{position}"
+
+
+# Handlers plan as Postgres does by default; the worker's pool plans its own statements once
+# (db.create_pool generic_plans).
+HANDLER_SETTINGS = "SET LOCAL plan_cache_mode = auto"
+
+
+@contextlib.asynccontextmanager
+async def handler_transaction(conn: asyncpg.Connection, first: str = "") -> AsyncIterator[None]:
+    """A transaction for handlers: BEGIN, their settings and ``first`` (statements without
+    parameters) in one round trip; COMMIT at the end, ROLLBACK if the block raises."""
+    await conn.execute(f"BEGIN; {HANDLER_SETTINGS}; {first}")
+    try:
+        yield
+    except BaseException:
+        await rollback(conn)
+        raise
+    await conn.execute("COMMIT")
 
 
 async def rollback(conn: asyncpg.Connection) -> None:
@@ -241,27 +259,22 @@ class TransactionBatches:
         outcomes: list[Outcome | None] = [None] * len(jobs)
         order = sorted(range(len(jobs)), key=lambda i: (jobs[i].event.entity_key or "", jobs[i].event.id))
         ran: list[int] = []  # indexes into jobs, in the order they ran: job ran[p] has savepoint p
-        async with self._pool.acquire() as conn:
-            # One round trip opens the transaction and the first job's savepoint. Deferred
-            # constraints are checked at each statement, so a violation fails its own event's
-            # savepoint, not the batch's commit.
-            await conn.execute(f"BEGIN; SET CONSTRAINTS ALL IMMEDIATE; SAVEPOINT {savepoint_name(0)}")
-            try:
-                began = time.monotonic()
-                for i in order:
-                    if ran:
-                        if time.monotonic() - began >= self._max_seconds:
-                            break
-                        # Savepoints stay open (nested): a lease found lost at the end is cut off at its own.
-                        await conn.execute(f"SAVEPOINT {savepoint_name(len(ran))}")
-                    outcomes[i] = await self._run_one(conn, jobs[i], savepoint_name(len(ran)))
-                    ran.append(i)
-                self.record_pace(time.monotonic() - began, len(ran))
-                await self._complete(conn, jobs, outcomes, ran)
-            except BaseException:
-                await rollback(conn)
-                raise
-            await conn.execute("COMMIT")
+        # One round trip opens the transaction and the first job's savepoint. Deferred constraints
+        # are checked at each statement, so a violation fails its own event's savepoint, not the
+        # batch's commit.
+        async with (self._pool.acquire() as conn,
+                    handler_transaction(conn, f"SET CONSTRAINTS ALL IMMEDIATE; SAVEPOINT {savepoint_name(0)}")):
+            began = time.monotonic()
+            for i in order:
+                if ran:
+                    if time.monotonic() - began >= self._max_seconds:
+                        break
+                    # Savepoints stay open (nested): a lease found lost at the end is cut off at its own.
+                    await conn.execute(f"SAVEPOINT {savepoint_name(len(ran))}")
+                outcomes[i] = await self._run_one(conn, jobs[i], savepoint_name(len(ran)))
+                ran.append(i)
+            self.record_pace(time.monotonic() - began, len(ran))
+            await self._complete(conn, jobs, outcomes, ran)
         metrics.worker_batch_size.observe(len(ran))
         return outcomes
 
@@ -349,7 +362,7 @@ class Processor:
     async def _in_own_transaction(self, job: Job, pace: Callable[[float], None] | None = None) -> Result:
         """``pace``: told how long the job took in its transaction (its commit not counted)."""
         event = job.event
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.pool.acquire() as conn, handler_transaction(conn):
             began = time.monotonic()
             result = await self._apply(conn, job)
             # The guarded UPDATE proves the lease is still ours; if it is not, raising rolls the
