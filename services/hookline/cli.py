@@ -153,7 +153,8 @@ def configure_receiver_parser(subparsers: Subparsers) -> None:
     p.add_argument("--max-batch", type=int, default=128, help="most events stored per transaction")
     p.add_argument("--batch-window-ms", type=float, default=1.0,
                    help="how long a batch waits for more events (default 1 ms)")
-    p.add_argument("--db-connections", type=int, default=4, help="connections writing batches in parallel")
+    p.add_argument("--db-connections", type=int, default=4,
+                   help="most connections writing batches at once (one more joins per full batch waiting)")
     p.add_argument("--processes", type=int, default=1,
                    help="processes sharing the port, one per core you want to use (default 1; on Kubernetes "
                    "scale replicas instead)")
