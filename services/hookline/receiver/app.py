@@ -113,16 +113,17 @@ class Intake:
         """The server's request handler: webhook requests straight to :meth:`receive`, the rest
         (ops routes, anything unusual) to the application's router, ``app_handler``.
 
-        aiohttp's Application spends about a fifth of its per-request cost on routing and its
-        middleware machinery; the receiver's one hot route needs neither. Only a path whose
-        provider segment the router would match the same way takes the short cut, and a request
-        with ``Expect`` goes to the router, whose expect handler answers 100-continue."""
+        aiohttp's Application layer (router, match info, middleware handling) measured about 15 %
+        of aiohttp's per-request cost for an empty handler here; the receiver's one hot route needs
+        none of it. Only a path whose provider segment the router would match the same way takes
+        the short cut, and a request with ``Expect`` goes to the router, whose expect handler
+        answers 100-continue."""
 
         async def dispatch(request: web.BaseRequest) -> web.StreamResponse:
             path = request.path
             if path.startswith(WEBHOOKS_PREFIX) and "Expect" not in request.headers:
                 name = path[len(WEBHOOKS_PREFIX):]
-                if name and not any(c in name for c in "/{}"):
+                if name and "/" not in name and "{" not in name and "}" not in name:
                     return await self.receive(request, name)
             return await app_handler(request)
 
