@@ -22,18 +22,15 @@ import socket
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "envtest"))
 
-from apiserver import K8S_VERSION, SERVICE_CIDR, ApiServer, KubectlError, find_assets  # noqa: E402
+from apiserver import K8S_VERSION, SERVICE_CIDR, ApiServer, InTempDir, KubectlError, find_assets  # noqa: E402
 
 # Keep in sync with KUBELET_VERSION in build.sh (without the "v"): with K8S_VERSION it names the cache folder.
 KUBELET_VERSION = "1.35.4"
@@ -146,8 +143,10 @@ def _insecure_context() -> ssl.SSLContext:
     return context
 
 
-class Cluster:
+class Cluster(InTempDir):
     """A single-node cluster, torn down on exit: processes stopped, pods' mounts, network and rules removed."""
+
+    workdir_prefix = "hookline-cluster-"
 
     def __init__(self, parts: Parts, *, startup_timeout: float = 180.0) -> None:
         self.parts = parts
@@ -177,24 +176,7 @@ class Cluster:
     def containerd_socket(self) -> Path:
         return self.path("containerd", "containerd.sock")
 
-    # -- life cycle --------------------------------------------------------------------------------------------
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        self.workdir = Path(tempfile.mkdtemp(prefix="hookline-cluster-"))
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-
+    # -- life cycle: start, stop (and ``with``) from InTempDir -------------------------------------------------
     def _start(self) -> None:
         self._created_here = [path for path in (*HOST_FOLDERS, *_pod_cgroups()) if not path.exists()]
         self._kubelet_chains_are_ours = "KUBE-FIREWALL" not in _iptables_save()

@@ -139,8 +139,41 @@ def _make_pki(pki: Path, advertise_address: str) -> None:
     _openssl("ec", "-in", sa_key, "-pubout", "-out", str(pki / "sa.pub"))
 
 
-class ApiServer:
+class InTempDir:
+    """Processes that live in a fresh temporary folder (``workdir``): ``with`` starts them and
+    stops them whatever happens, and a start that fails stops what it had started. Subclasses
+    say what ``_start`` and ``stop`` do."""
+
+    workdir_prefix = "hookline-"
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix=self.workdir_prefix))
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+class ApiServer(InTempDir):
     """etcd + kube-apiserver on free loopback ports, torn down on exit (also usable as start()/stop())."""
+
+    workdir_prefix = "hookline-apiserver-"
 
     def __init__(
         self,
@@ -182,24 +215,7 @@ class ApiServer:
     def ca_file(self) -> Path:
         return self._path("pki", "ca.crt")
 
-    # -- life cycle ----------------------------------------------------------------------------
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        self.workdir = Path(tempfile.mkdtemp(prefix="hookline-apiserver-"))
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-
+    # -- life cycle: start, stop (and ``with``) from InTempDir ---------------------------------
     def _start(self) -> None:
         pki = self._path("pki")
         pki.mkdir()
