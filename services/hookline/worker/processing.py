@@ -204,6 +204,10 @@ class TransactionBatches:
     # so one batch runs while another commits.
     BATCH_TIME_SHARE = 4
     MIN_TRANSACTIONS = 2
+    # Every job's savepoint becomes a subtransaction with its own id once the batch writes. A
+    # backend keeps up to 64 of those in shared memory; past that, every snapshot taken anywhere
+    # in the cluster while the batch runs has to look them up in pg_subtrans (slow for all).
+    MAX_JOBS = 60
 
     def __init__(self, run_one: Callable[[asyncpg.Connection, Job, str], Awaitable[Outcome]],
                  run_alone: Callable[[Job], Awaitable[Outcome]],
@@ -397,8 +401,8 @@ class Processor:
         if provider.name not in self._batches:
             self._batches[provider.name] = TransactionBatches(
                 self._in_savepoint, self._batch_of_one, self._complete_in, self.pool, provider.name,
-                transactions=self._concurrency,
-                max_batch=self._concurrency, max_seconds=self._batch_seconds)
+                transactions=self._concurrency, max_batch=min(self._concurrency, TransactionBatches.MAX_JOBS),
+                max_seconds=self._batch_seconds)
         return self._batches[provider.name]
 
     async def _in_savepoint(self, conn: asyncpg.Connection, job: Job, savepoint: str) -> Outcome:
