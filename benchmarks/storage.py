@@ -41,6 +41,7 @@ from benchmarks.common import BenchDatabase, percentile, record
 from hookline import outbox
 from hookline.core import db, partitions
 from hookline.core.queue import INBOX, OUTBOX
+from hookline.receiver.group_commit import INSERT_BATCH
 
 PROVIDER = "bench"
 ENDPOINTS = [f"bench-{n}" for n in range(10)]
@@ -153,7 +154,7 @@ async def drop_under_ingest(pool: asyncpg.Pool, expire: Callable[[asyncpg.Connec
     """(seconds the retention pass took, p99 ms of the receiver's inserts meanwhile, inserts)."""
     latencies: list[float] = []
     stop = asyncio.Event()
-    sql = db.query("insert_inbox_batch")
+    sql = INSERT_BATCH
 
     async def ingest() -> None:
         n = 0
@@ -232,7 +233,7 @@ async def steady_load(pool: asyncpg.Pool, seconds: float, sample: float, width: 
         while not stop.is_set():
             ids = [f"steady_{n + i}" for i in range(batch)]
             n += batch
-            await pool.fetch(db.query("insert_inbox_batch"), [PROVIDER] * batch, ids, ["t"] * batch, [None] * batch,
+            await pool.fetch(INSERT_BATCH, [PROVIDER] * batch, ids, ["t"] * batch, [None] * batch,
                              [{}] * batch, [b"{}"] * batch, [None] * batch)
             await asyncio.sleep(tick)
 

@@ -18,6 +18,7 @@ import pytest
 from hookline.core import db
 from hookline.core.provider_spec import SpecError, parse_provider
 from hookline.core.queue import INBOX
+from hookline.receiver.group_commit import INSERT_BATCH
 from hookline_operator import tenancy
 from hookline_operator.ownership import Resource
 from hookline_operator.reconcile import claim_row, release_row
@@ -37,7 +38,7 @@ def resource(namespace: str) -> Resource:
 async def receive(pool: asyncpg.Pool, provider: str, event_ids: list[str]) -> set[str]:
     """Store events as the receiver does (dedup keys first); the ids stored now."""
     n = len(event_ids)
-    rows = await pool.fetch(db.query("insert_inbox_batch"), [provider] * n, event_ids, ["t"] * n, [None] * n,
+    rows = await pool.fetch(INSERT_BATCH, [provider] * n, event_ids, ["t"] * n, [None] * n,
                             ["{}"] * n, [b"{}"] * n, ["application/json"] * n)
     return {r["event_id"] for r in rows}
 

@@ -20,6 +20,7 @@ from hookline import outbox
 from hookline.core import db, partitions
 from hookline.core.maintenance import Job, Maintainer, partition_manager
 from hookline.core.signatures import get_scheme
+from hookline.receiver.group_commit import INSERT_BATCH
 from hookline.relay import endpoints
 from support.dedicated import GatedConnection
 from support.endpoints import Answer, TestEndpoint, wait_for
@@ -46,7 +47,7 @@ async def one_second_partitions(pool: asyncpg.Pool, premake: int = 30) -> list[s
 async def receive(pool: asyncpg.Pool | asyncpg.Connection, provider: str, *event_ids: str) -> list[str]:
     """Store events as the receiver does; returns the ids stored, sorted (the others were duplicates)."""
     n = len(event_ids)
-    rows = await pool.fetch(db.query("insert_inbox_batch"), [provider] * n, list(event_ids), ["t"] * n, [None] * n,
+    rows = await pool.fetch(INSERT_BATCH, [provider] * n, list(event_ids), ["t"] * n, [None] * n,
                             [{}] * n, [b"{}"] * n, [None] * n)
     return sorted(r["event_id"] for r in rows)
 

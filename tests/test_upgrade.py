@@ -12,8 +12,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from hookline.core import db, migrations
+from hookline.core import migrations
 from hookline.core.signatures import get_scheme
+from hookline.receiver.group_commit import INSERT_BATCH
 from support.endpoints import TestEndpoint
 from support.endpoints import wait_for as wait_until
 from support.inbox import apply_provider, create_effect_tables, wait_for
@@ -65,7 +66,7 @@ async def test_upgrade_keeps_every_event_and_its_state(old_database: str, log_di
         assert await conn.fetchval("SELECT count(*) FROM hookline.inbox_keys WHERE provider = 'legacy'") == 5
 
         # An old event sent again is a duplicate; a new one is stored after the old ids.
-        stored = await conn.fetch(db.query("insert_inbox_batch"), ["legacy", "legacy"], ["done-1", "new-1"],
+        stored = await conn.fetch(INSERT_BATCH, ["legacy", "legacy"], ["done-1", "new-1"],
                                   ["t", "t"], [None, None], ["{}", "{}"], [b"{}", b"{}"], [None, None])
         assert [r["event_id"] for r in stored] == ["new-1"]
         assert await conn.fetchval("SELECT id FROM hookline.inbox WHERE event_id = 'new-1'") > max(

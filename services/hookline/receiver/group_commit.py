@@ -42,6 +42,11 @@ def is_data_error(exc: BaseException) -> bool:
                             asyncpg.ProgramLimitExceededError, UnicodeError))
 
 
+# The group commit's statement (queries.sql insert_inbox_batch), without and with its replay protection.
+INSERT_BATCH = db.query("insert_inbox_batch", replay_protected=False, rows="input")
+INSERT_BATCH_REPLAY_PROTECTED = db.query("insert_inbox_batch", replay_protected=True, rows="admitted")
+
+
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ sets each field the slow way, per event
 class InboxRow:
     provider: str
@@ -69,8 +74,8 @@ class GroupCommitter:
                  max_queued: int | None = None, store_timeout: float = 10.0) -> None:
         self._pool = pool
         self._deadlines = Deadlines(store_timeout)
-        self._sql = db.query("insert_inbox_batch")
-        self._sql_replay = db.query("insert_inbox_batch_replay_protected")
+        self._sql = INSERT_BATCH
+        self._sql_replay = INSERT_BATCH_REPLAY_PROTECTED
         self._max_batch = max_batch
         self._batcher: Batcher[InboxRow, Stored] = Batcher(
             self._write, name="group-commit", max_batch=max_batch, window=window, writers=flushers,

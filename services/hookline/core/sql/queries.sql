@@ -163,37 +163,20 @@ FULL JOIN suspects USING (provider);
 -- is recognised for as long as the key is kept, even after its payload's partition
 -- was dropped, and two copies racing (in one batch, in concurrent batches, on both
 -- sides of a partition boundary) meet at the key's primary key and are stored once.
+--
+-- replay_protected (a template section; a batch with rows of replay-protected
+-- providers): $8 = sha256 of the body, $9 = window in seconds, both NULL for other
+-- rows. Each body hash is claimed for the window by the first row that carries it
+-- (DISTINCT ON: one claim per hash, so ON CONFLICT never meets the same key twice); a
+-- hash still held by an earlier event is not re-claimed, and its row is not stored.
+-- RETURNING then adds the claims made now (body_sha256 set, event_id = the claiming row)
+-- to the stored rows (body_sha256 NULL).
 WITH input AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::bytea[], $7::text[])
-        WITH ORDINALITY AS t(provider, event_id, event_type, entity_key, headers, body, content_type, position)
-), keys AS (
-    INSERT INTO hookline.inbox_keys (provider, event_id)
-    SELECT provider, event_id FROM input
-    ON CONFLICT (provider, event_id) DO NOTHING
-    RETURNING provider, event_id
-), stored AS (
-    INSERT INTO hookline.inbox (provider, event_id, event_type, entity_key, headers, body, content_type)
-    SELECT DISTINCT ON (i.provider, i.event_id)
-           i.provider, i.event_id, i.event_type, i.entity_key, i.headers, i.body, i.content_type
-    FROM input AS i JOIN keys AS k ON k.provider = i.provider AND k.event_id = i.event_id
-    ORDER BY i.provider, i.event_id, i.position
-    RETURNING provider, event_id
-)
-SELECT provider, event_id, pg_notify('hookline_inbox', provider) FROM stored;
-
--- name: insert_inbox_batch_replay_protected
--- insert_inbox_batch for a batch with rows of replay-protected providers ($8 = sha256 of
--- the body, $9 = window in seconds; both NULL for other rows). Each body hash is claimed
--- for the window by the first row that carries it (DISTINCT ON: one claim per hash, so
--- ON CONFLICT never meets the same key twice); a hash still held by an earlier event is
--- not re-claimed, and its row is not stored. RETURNING: stored rows (body_sha256 NULL)
--- and the claims made now (body_sha256 set, event_id = the claiming row).
-WITH input AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::bytea[], $7::text[],
-                         $8::bytea[], $9::float8[]) WITH ORDINALITY
-        AS t(provider, event_id, event_type, entity_key, headers, body, content_type, body_sha256,
-             window_seconds, position)
-), claimed AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::bytea[], $7::text[]/* TEMPLATE_BEGIN: replay_protected */,
+                         $8::bytea[], $9::float8[]/* TEMPLATE_END */) WITH ORDINALITY
+        AS t(provider, event_id, event_type, entity_key, headers, body, content_type/* TEMPLATE_BEGIN: replay_protected */, body_sha256,
+             window_seconds/* TEMPLATE_END */, position)
+), /* TEMPLATE_BEGIN: replay_protected */claimed AS (
     INSERT INTO hookline.inbox_body_hashes AS h (provider, body_sha256, event_id, expires_at)
     SELECT DISTINCT ON (provider, body_sha256) provider, body_sha256, event_id,
            now() + make_interval(secs => window_seconds)
@@ -208,23 +191,22 @@ WITH input AS (
     WHERE i.body_sha256 IS NULL
        OR EXISTS (SELECT 1 FROM claimed c WHERE c.provider = i.provider AND c.body_sha256 = i.body_sha256
                   AND c.event_id = i.event_id)
-), keys AS (
-    -- The dedup key, as in insert_inbox_batch.
+), /* TEMPLATE_END */keys AS (
     INSERT INTO hookline.inbox_keys (provider, event_id)
-    SELECT provider, event_id FROM admitted
+    SELECT provider, event_id FROM /* TEMPLATE: rows */admitted
     ON CONFLICT (provider, event_id) DO NOTHING
     RETURNING provider, event_id
 ), stored AS (
     INSERT INTO hookline.inbox (provider, event_id, event_type, entity_key, headers, body, content_type)
     SELECT DISTINCT ON (i.provider, i.event_id)
            i.provider, i.event_id, i.event_type, i.entity_key, i.headers, i.body, i.content_type
-    FROM admitted AS i JOIN keys AS k ON k.provider = i.provider AND k.event_id = i.event_id
+    FROM /* TEMPLATE: rows */admitted AS i JOIN keys AS k ON k.provider = i.provider AND k.event_id = i.event_id
     ORDER BY i.provider, i.event_id, i.position
     RETURNING provider, event_id
 )
-SELECT provider, event_id, NULL::bytea AS body_sha256, pg_notify('hookline_inbox', provider) FROM stored
+SELECT provider, event_id/* TEMPLATE_BEGIN: replay_protected */, NULL::bytea AS body_sha256/* TEMPLATE_END */, pg_notify('hookline_inbox', provider) FROM stored/* TEMPLATE_BEGIN: replay_protected */
 UNION ALL
-SELECT provider, event_id, body_sha256, NULL FROM claimed;
+SELECT provider, event_id, body_sha256, NULL FROM claimed/* TEMPLATE_END */;
 
 -- name: find_body_hashes
 -- The event that first carried each replayed body, for the duplicate answer.
