@@ -125,7 +125,7 @@ async def test_sigkill_mid_batch_leaves_nothing_half_applied(database_url: str, 
                                                              log_dir) -> None:
     apply_provider(database_url, "batch", PROVIDER)
     ids = await insert(tables, "batch", [("ok", None)] * 5 + [("kill", None)])
-    w = worker(database_url, log_dir, *BATCH)
+    w = worker(database_url, log_dir, *BATCH, wait=False)  # it may kill itself before its health check
     assert w.proc is not None
     assert await asyncio.to_thread(w.proc.wait, 30) == -9
     txids = await first_attempt_txids(tables)
@@ -230,3 +230,34 @@ async def test_handlers_plan_as_postgres_does_by_default(database_url: str, tabl
     assert sorted(r["event_id"] for r in rows) == sorted(ids)
     assert {r["event_type"] for r in rows} == {"auto"}
     assert len({r["txid"] for r in rows}) < len(rows)  # some of them shared a batch
+
+
+@pytest.mark.parametrize("position", ["middle", "last"])
+async def test_a_handler_that_leaves_its_transaction_aborted_fails_alone(
+        database_url: str, tables: asyncpg.Pool, log_dir, position: str) -> None:
+    """A handler that catches the error of its own failed statement returns normally, but its
+    transaction is aborted: found at the next job's savepoint (or, last in the batch, at the
+    completion), that event alone is rolled back and retried; its batch-mates commit."""
+    apply_provider(database_url, "batch", PROVIDER)
+    kinds = [("ok", None)] * 3 + [("swallow", None)] + ([("ok", None)] * 3 if position == "middle" else [])
+    ids = await insert(tables, "batch", kinds)
+    culprit = ids[3]
+    w = worker(database_url, log_dir, *BATCH)
+    try:
+        await wait_for(tables, UNFINISHED, 0, timeout=60)
+    finally:
+        assert w.stop() == 0
+    txids = await first_attempt_txids(tables)
+    batch = txids[culprit]
+    mates = {e for e, txid in txids.items() if txid == batch and e != culprit}
+    assert mates, txids
+    committed = {r["event_id"] for r in await tables.fetch("SELECT event_id FROM batch_effects WHERE txid = $1", batch)}
+    assert committed == mates
+    assert await effects_per_event(tables) == Counter(ids)
+    rows = {r["event_id"]: (r["status"], r["attempts"], r["last_error"]) for r in await tables.fetch(
+        "SELECT event_id, status, attempts, last_error FROM hookline.inbox")}
+    assert rows[culprit][:2] == ("done", 2)
+    assert all(rows[e][:2] == ("done", 1) for e in ids if e != culprit)
+    logged = await tables.fetchval("SELECT error FROM hookline.attempts WHERE row_id = "
+                                   "(SELECT id FROM hookline.inbox WHERE event_id = $1) AND attempt = 1", culprit)
+    assert logged is not None and "AbortedByHandler" in logged

@@ -7,6 +7,7 @@ test can tell which events shared a batch even when an attempt's effect was roll
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from typing import Any
@@ -44,7 +45,9 @@ async def effect_or_trouble(event: Any, conn: asyncpg.Connection) -> None:
     * ``boom``: raises (its effect must roll back to its savepoint, its batch-mates' must not);
     * ``thief``: from another connection, takes the leases of the ``victim`` events in flight,
       as a sweep followed by another worker's claim would (expired, another holder);
-    * ``kill``: SIGKILLs its own worker, in the middle of its batch's transaction.
+    * ``kill``: SIGKILLs its own worker, in the middle of its batch's transaction;
+    * ``swallow``: a statement of it fails and it catches the error, returning normally with
+      its transaction aborted.
     """
     await _record(event, conn)
     if event.attempts > 1:
@@ -57,6 +60,10 @@ async def effect_or_trouble(event: Any, conn: asyncpg.Connection) -> None:
             "WHERE event_type = 'victim' AND status = 'processing'")
     if event.event_type == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if event.event_type == "swallow":
+        # A statement fails and the handler catches the error: its transaction is left aborted.
+        with contextlib.suppress(asyncpg.DataError):
+            await conn.execute("SELECT 1 / 0")
 
 
 async def record_plan_cache_mode(event: Any, conn: asyncpg.Connection) -> None:

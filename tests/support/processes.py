@@ -77,10 +77,13 @@ class ServiceProcess:
         return self.proc.returncode
 
 
-def worker(database_url: str, log_dir: Path, *extra: str, env: dict[str, str] | None = None) -> ServiceProcess:
+def worker(database_url: str, log_dir: Path, *extra: str, env: dict[str, str] | None = None,
+           wait: bool = True) -> ServiceProcess:
+    """A worker process, started and (``wait``) healthy; a worker meant to die by itself may do so
+    before its health check is answered, so it is not waited for."""
     port = free_port()
     return ServiceProcess(["worker", "--port", str(port), "--host", "127.0.0.1", *extra], database_url, log_dir,
-                          port=port, env=env).start("/healthz")
+                          port=port, env=env).start("/healthz" if wait else None)
 
 
 def receiver(database_url: str, log_dir: Path, *extra: str) -> ServiceProcess:

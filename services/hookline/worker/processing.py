@@ -81,6 +81,11 @@ class LeaseLost(Exception):
     """Another worker owns the event now; nothing of this attempt may be committed."""
 
 
+class AbortedByHandler(Exception):
+    """The handler returned, but one of its statements had failed and its transaction was left
+    aborted (the error was caught, not raised): a failure of that handler's event."""
+
+
 class PermanentFailure(Exception):
     """Retrying cannot help (e.g. the destination answered 400): the event goes dead now."""
 
@@ -210,10 +215,12 @@ class TransactionBatches:
     MAX_JOBS = 60
 
     def __init__(self, run_one: Callable[[asyncpg.Connection, Job, str], Awaitable[Outcome]],
+                 fail_one: Callable[[asyncpg.Connection, Job, str, Exception], Awaitable[Outcome]],
                  run_alone: Callable[[Job], Awaitable[Outcome]],
                  complete: Callable[[asyncpg.Connection, list[tuple[int, int]]], Awaitable[set[int]]],
                  pool: asyncpg.Pool, name: str, *, transactions: int, max_batch: int, max_seconds: float) -> None:
         self._run_one = run_one
+        self._fail_one = fail_one
         self._run_alone = run_alone
         self._complete_pairs = complete
         self._pool = pool
@@ -274,13 +281,33 @@ class TransactionBatches:
                     if time.monotonic() - began >= self._max_seconds:
                         break
                     # Savepoints stay open (nested): a lease found lost at the end is cut off at its own.
-                    await conn.execute(f"SAVEPOINT {savepoint_name(len(ran))}")
+                    await self._savepoint(conn, jobs, outcomes, ran)
                 outcomes[i] = await self._run_one(conn, jobs[i], savepoint_name(len(ran)))
                 ran.append(i)
             self.record_pace(time.monotonic() - began, len(ran))
             await self._complete(conn, jobs, outcomes, ran)
         metrics.worker_batch_size.observe(len(ran))
         return outcomes
+
+    async def _savepoint(self, conn: asyncpg.Connection, jobs: list[Job], outcomes: list[Outcome | None],
+                         ran: list[int]) -> None:
+        """Open the next job's savepoint; if the last handler left the transaction aborted, it
+        fails alone first."""
+        try:
+            await conn.execute(f"SAVEPOINT {savepoint_name(len(ran))}")
+        except asyncpg.InFailedSQLTransactionError:
+            await self._aborted_by_last(conn, jobs, outcomes, ran)
+            await conn.execute(f"SAVEPOINT {savepoint_name(len(ran))}")
+
+    async def _aborted_by_last(self, conn: asyncpg.Connection, jobs: list[Job], outcomes: list[Outcome | None],
+                               ran: list[int]) -> None:
+        """The transaction is aborted though every handler returned: the last one to run caught an
+        error of its own statement (each earlier one was checked by the savepoint after it). That
+        job is rolled back to its savepoint and fails, not its batch-mates."""
+        last = ran[-1]
+        outcomes[last] = await self._fail_one(conn, jobs[last], savepoint_name(len(ran) - 1), AbortedByHandler(
+            "the handler returned with its transaction aborted: one of its statements failed and the error "
+            "was caught instead of raised"))
 
     async def _complete(self, conn: asyncpg.Connection, jobs: list[Job], outcomes: list[Outcome | None],
                         ran: list[int]) -> None:
@@ -291,7 +318,12 @@ class TransactionBatches:
             applied = [i for i in ran if outcomes[i] == DONE]
             if not applied:
                 return
-            done = await self._complete_pairs(conn, [(jobs[i].event.id, jobs[i].event.attempts) for i in applied])
+            try:
+                done = await self._complete_pairs(conn, [(jobs[i].event.id, jobs[i].event.attempts)
+                                                         for i in applied])
+            except asyncpg.InFailedSQLTransactionError:
+                await self._aborted_by_last(conn, jobs, outcomes, ran)
+                continue
             lost = next((p for p, i in enumerate(ran) if outcomes[i] == DONE and jobs[i].event.id not in done), None)
             if lost is None:
                 return
@@ -400,7 +432,8 @@ class Processor:
     def _batches_of(self, provider: Provider) -> TransactionBatches:
         if provider.name not in self._batches:
             self._batches[provider.name] = TransactionBatches(
-                self._in_savepoint, self._batch_of_one, self._complete_in, self.pool, provider.name,
+                self._in_savepoint, self._failed_in_savepoint, self._batch_of_one, self._complete_in, self.pool,
+                provider.name,
                 transactions=self._concurrency, max_batch=min(self._concurrency, TransactionBatches.MAX_JOBS),
                 max_seconds=self._batch_seconds)
         return self._batches[provider.name]
@@ -424,6 +457,11 @@ class Processor:
             failure: Exception = RuntimeError(repr(exc))
         except Exception as exc:
             failure = exc
+        return await self._failed_in_savepoint(conn, job, savepoint, failure)
+
+    async def _failed_in_savepoint(self, conn: asyncpg.Connection, job: Job, savepoint: str,
+                                   failure: Exception) -> Outcome:
+        """Roll the job back to its ``savepoint`` and book its failure in the batch's transaction."""
         await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
         # The retry statement counts its delay from now(), the batch transaction's start: add
         # the time since, so the backoff starts when the attempt failed.
