@@ -74,16 +74,22 @@ async def test_a_handler_that_raises_rolls_back_only_its_savepoint(database_url:
                                                                     log_dir) -> None:
     apply_provider(database_url, "batch", PROVIDER)
     ids = await insert(tables, "batch", [("ok", None)] * 3 + [("boom", None)] + [("ok", None)] * 3)
-    boom = ids[3]
+    await assert_failed_alone(database_url, tables, log_dir, ids, culprit=ids[3])
+
+
+async def assert_failed_alone(database_url: str, tables: asyncpg.Pool, log_dir, ids: list[str], culprit: str) -> None:
+    """Run a worker until every event is finished; then the culprit's first attempt ran in one
+    transaction with others, those committed with it, its own effect rolled back, and its retry
+    applied it once."""
     w = worker(database_url, log_dir, *BATCH)
     try:
         await wait_for(tables, UNFINISHED, 0, timeout=60)
     finally:
         assert w.stop() == 0
     txids = await first_attempt_txids(tables)
-    batch = txids[boom]
+    batch = txids[culprit]
     # The failing handler ran in one transaction with others, and those committed with it ...
-    mates = {e for e, txid in txids.items() if txid == batch and e != boom}
+    mates = {e for e, txid in txids.items() if txid == batch and e != culprit}
     assert mates, txids
     committed = {r["event_id"] for r in await tables.fetch("SELECT event_id FROM batch_effects WHERE txid = $1", batch)}
     assert committed == mates
@@ -91,8 +97,8 @@ async def test_a_handler_that_raises_rolls_back_only_its_savepoint(database_url:
     assert await effects_per_event(tables) == Counter(ids)
     rows = {r["event_id"]: r for r in await tables.fetch("SELECT event_id, status, attempts FROM hookline.inbox")}
     assert all(r["status"] == "done" for r in rows.values())
-    assert rows[boom]["attempts"] == 2
-    assert all(rows[e]["attempts"] == 1 for e in ids if e != boom)
+    assert rows[culprit]["attempts"] == 2
+    assert all(rows[e]["attempts"] == 1 for e in ids if e != culprit)
 
 
 async def test_a_lease_lost_mid_batch_rolls_back_only_that_event(database_url: str, tables: asyncpg.Pool,
@@ -242,22 +248,7 @@ async def test_a_handler_that_leaves_its_transaction_aborted_fails_alone(
     kinds = [("ok", None)] * 3 + [("swallow", None)] + ([("ok", None)] * 3 if position == "middle" else [])
     ids = await insert(tables, "batch", kinds)
     culprit = ids[3]
-    w = worker(database_url, log_dir, *BATCH)
-    try:
-        await wait_for(tables, UNFINISHED, 0, timeout=60)
-    finally:
-        assert w.stop() == 0
-    txids = await first_attempt_txids(tables)
-    batch = txids[culprit]
-    mates = {e for e, txid in txids.items() if txid == batch and e != culprit}
-    assert mates, txids
-    committed = {r["event_id"] for r in await tables.fetch("SELECT event_id FROM batch_effects WHERE txid = $1", batch)}
-    assert committed == mates
-    assert await effects_per_event(tables) == Counter(ids)
-    rows = {r["event_id"]: (r["status"], r["attempts"], r["last_error"]) for r in await tables.fetch(
-        "SELECT event_id, status, attempts, last_error FROM hookline.inbox")}
-    assert rows[culprit][:2] == ("done", 2)
-    assert all(rows[e][:2] == ("done", 1) for e in ids if e != culprit)
+    await assert_failed_alone(database_url, tables, log_dir, ids, culprit)
     logged = await tables.fetchval("SELECT error FROM hookline.attempts WHERE row_id = "
                                    "(SELECT id FROM hookline.inbox WHERE event_id = $1) AND attempt = 1", culprit)
     assert logged is not None and "AbortedByHandler" in logged
