@@ -121,6 +121,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._buffer = bytearray()
         self._waiter: asyncio.Future[Answer] | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._limit = MAX_RESPONSE_BYTES
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -128,17 +129,14 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        waiter, self._waiter = self._waiter, None
+        waiter = self._waiter
         if waiter is not None and not waiter.done():
             try:  # a server that answers and closes without a length ends its body here
                 answer = _parse(self._buffer, self._limit, at_eof=True)
             except ProtocolError as error:
-                waiter.set_exception(error)
+                self._settle(error)
                 return
-            if answer is not None:
-                waiter.set_result(answer)
-            else:
-                waiter.set_exception(exc or ConnectionResetError("the server closed the connection without an answer"))
+            self._settle(answer or exc or ConnectionResetError("the server closed the connection without an answer"))
 
     def eof_received(self) -> bool:
         return False  # close our side too; connection_lost decides what was read
@@ -150,34 +148,43 @@ class _Connection(asyncio.Protocol):
         try:
             answer = _parse(self._buffer, self._limit, at_eof=False)
         except ProtocolError as error:
-            self._waiter.set_exception(error)
+            self._settle(error)
             return
         if answer is not None:
-            self._waiter.set_result(answer)
+            self._settle(answer)
 
-    async def exchange(self, request: bytes, limit: int, deadline: float) -> Answer:
-        """Send ``request`` and wait for its answer until ``deadline`` (the loop's clock): TimeoutError then.
-        One timer per request, not an ``asyncio.timeout`` scope (that cost more than the parsing)."""
+    def send(self, request: bytes, limit: int, deadline: float) -> asyncio.Future[Answer]:
+        """Send ``request``; the future of its answer, failed with TimeoutError at ``deadline`` (the
+        loop's clock). A method and a timer, not a coroutine and an ``asyncio.timeout`` scope: per
+        request, each of those cost about as much CPU as parsing the answer."""
         assert self.transport is not None
         loop = asyncio.get_running_loop()
         self._buffer.clear()
         self._limit = limit
         waiter: asyncio.Future[Answer] = loop.create_future()
         self._waiter = waiter
-        timer = loop.call_at(deadline, self._expire, waiter)
-        try:
-            self.transport.write(request)
-            return await waiter
-        finally:
-            timer.cancel()
+        self._timer = loop.call_at(deadline, self._settle, TimeoutError())
+        self.transport.write(request)
+        return waiter
 
-    @staticmethod
-    def _expire(waiter: asyncio.Future[Answer]) -> None:
-        if not waiter.done():
-            waiter.set_exception(TimeoutError())
+    def _settle(self, outcome: Answer | BaseException) -> None:
+        """End the waiting request with its answer or its error (once; later outcomes are dropped)."""
+        waiter, self._waiter = self._waiter, None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if waiter is None or waiter.done():
+            return
+        if isinstance(outcome, Answer):
+            waiter.set_result(outcome)
+        else:
+            waiter.set_exception(outcome)
 
     def close(self) -> None:
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.transport is not None:
             self.transport.close()
 
@@ -306,13 +313,13 @@ class WebhookClient:
                    connect_timeout: float | None = None,
                    max_response_bytes: int = MAX_RESPONSE_BYTES) -> DeliveryResult:
         started = time.perf_counter()
-        deadline = asyncio.get_running_loop().time() + timeout  # the whole request: connecting included
         try:
-            answer = await self._exchange(url, body, headers, deadline, connect_timeout or min(timeout, 5.0),
+            answer = await self._exchange(url, body, headers, timeout, connect_timeout or min(timeout, 5.0),
                                           max_response_bytes)
-            return DeliveryResult(status=answer.status, body=answer.body.decode("utf-8", "replace"),
-                                  latency=time.perf_counter() - started,
-                                  retry_after=parse_retry_after(answer.headers.get("retry-after")))
+            retry_after = answer.headers.get("retry-after")
+            return DeliveryResult(answer.status, answer.body.decode("utf-8", "replace") if answer.body else "",
+                                  time.perf_counter() - started,
+                                  retry_after=parse_retry_after(retry_after) if retry_after else None)
         except TimeoutError:
             error, kind = f"timed out after {timeout:g} s", DeliveryErrorKind.TIMEOUT
         except BlockedAddress as exc:
@@ -324,37 +331,43 @@ class WebhookClient:
         return DeliveryResult(status=None, body="", latency=time.perf_counter() - started, error=error,
                               error_kind=kind)
 
-    async def _exchange(self, url: str, body: bytes, headers: dict[str, str], deadline: float,
+    async def _exchange(self, url: str, body: bytes, headers: dict[str, str], timeout: float,
                         connect_timeout: float, limit: int) -> Answer:
-        target = self._targets.get(url)
-        if target is None:
-            target = Target.parse(url)
-            if len(self._targets) < 10_000:
-                self._targets[url] = target
+        target = self._targets.get(url) or self._parse_target(url)
         request = encode_request(target, headers, body)
-        connection = self._idle_connection(target.origin)
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        deadline = now + timeout  # the whole request: connecting included
+        connection = self._idle_connection(target.origin, now)
         if connection is None:
-            loop = asyncio.get_running_loop()
-            async with asyncio.timeout_at(min(deadline, loop.time() + connect_timeout)):
+            async with asyncio.timeout_at(min(deadline, now + connect_timeout)):
                 connection = await self._connect(target.origin)
         try:
-            answer = await connection.exchange(request, limit, deadline)
+            answer = await connection.send(request, limit, deadline)
         except BaseException:
             connection.close()  # mid-request (timeout, cancel, error): its state is unknown
             raise
-        idle = self._idle.setdefault(target.origin, deque())
+        idle = self._idle.get(target.origin)
+        if idle is None:
+            idle = self._idle[target.origin] = deque()
         if answer.reusable and not connection.closed and len(idle) < self._max_idle:
-            connection.idle_since = time.monotonic()
+            connection.idle_since = loop.time()
             idle.append(connection)
         else:
             connection.close()
         return answer
 
-    def _idle_connection(self, origin: tuple[str, str, int]) -> _Connection | None:
+    def _parse_target(self, url: str) -> Target:
+        target = Target.parse(url)
+        if len(self._targets) < 10_000:
+            self._targets[url] = target
+        return target
+
+    def _idle_connection(self, origin: tuple[str, str, int], now: float) -> _Connection | None:
+        """The most recently used idle connection to ``origin`` (the least likely to have been dropped)."""
         idle = self._idle.get(origin)
-        now = time.monotonic()
         while idle:
-            connection = idle.pop()  # the most recently used: the least likely to have been dropped
+            connection = idle.pop()
             if not connection.closed and now - connection.idle_since < IDLE_SECONDS:
                 return connection
             connection.close()
