@@ -70,7 +70,7 @@ class ConnectionLimits:
     keepalive_timeout: float = 75.0
 
 
-class _GuardedHandler(web.RequestHandler):
+class GuardedHandler(web.RequestHandler):
     """aiohttp's connection handler plus a deadline for request headers, and one quiet line
     (no traceback) for requests that are not valid HTTP: on the internet they are routine.
 
@@ -93,7 +93,7 @@ class _GuardedHandler(web.RequestHandler):
         super().data_received(data)
         if self._request_count != parsed_before:
             self._stop_header_timer()
-        elif (self._fresh or self._header_timer is None) and not self._request_in_progress:
+        elif (self._fresh or self._header_timer is None) and not self.answering():
             self._arm(self.header_timeout)
         self._fresh = False
 
@@ -103,6 +103,10 @@ class _GuardedHandler(web.RequestHandler):
         # Only a paused reader has anything to resume.
         if self._reading_paused:
             super().resume_reading(*args, **kwargs)
+
+    def answering(self) -> bool:
+        """A request of this connection is being handled (its headers' deadline is over)."""
+        return self._request_in_progress
 
     def _arm(self, timeout: float) -> None:
         self._stop_header_timer()
@@ -116,7 +120,7 @@ class _GuardedHandler(web.RequestHandler):
 
     def _headers_late(self) -> None:
         self._header_timer = None
-        if not self._request_in_progress and not self._messages and self.transport is not None:
+        if not self.answering() and not self._messages and self.transport is not None:
             log.info("closing a connection that sent no complete request headers in time")
             hookline_metrics.http_connections_timed_out.inc()
             self.force_close()
@@ -133,19 +137,25 @@ class _GuardedHandler(web.RequestHandler):
             super().log_exception(*args, **kw)
 
 
+ConnectionFactory = Callable[..., GuardedHandler]  # (server, *, loop, **aiohttp handler options)
+
+
 class _GuardedServer(web.Server):
     header_timeout: float = 10.0
+    connection_factory: ConnectionFactory = GuardedHandler
 
     def __call__(self) -> web.RequestHandler:
-        handler = _GuardedHandler(self, loop=self._loop, **self._kwargs)
+        handler = self.connection_factory(self, loop=self._loop, **self._kwargs)
         handler.header_timeout = self.header_timeout
         return handler
 
 
 class _GuardedRunner(web.AppRunner):
-    def __init__(self, app: web.Application, limits: ConnectionLimits, **kwargs: Any) -> None:
+    def __init__(self, app: web.Application, limits: ConnectionLimits, connection_factory: ConnectionFactory,
+                 **kwargs: Any) -> None:
         super().__init__(app, keepalive_timeout=limits.keepalive_timeout, **kwargs)
         self._header_timeout = limits.header_timeout
+        self._connection_factory = connection_factory
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
@@ -154,14 +164,16 @@ class _GuardedRunner(web.AppRunner):
         server.__class__ = _GuardedServer
         assert isinstance(server, _GuardedServer)
         server.header_timeout = self._header_timeout
+        server.connection_factory = self._connection_factory
         return server
 
 
 async def serve(app: web.Application, host: str, port: int, limits: ConnectionLimits | None = None,
-                **handler_options: Any) -> web.AppRunner:
-    """Serve ``app``; ``handler_options`` go to aiohttp's connection handler (e.g. auto_decompress)."""
-    runner = _GuardedRunner(app, limits or ConnectionLimits(), access_log=None, handle_signals=False,
-                            **handler_options)
+                connection_factory: ConnectionFactory = GuardedHandler, **handler_options: Any) -> web.AppRunner:
+    """Serve ``app``; each connection is handled by what ``connection_factory`` makes (a
+    :class:`GuardedHandler`); ``handler_options`` go to it (e.g. auto_decompress)."""
+    runner = _GuardedRunner(app, limits or ConnectionLimits(), connection_factory, access_log=None,
+                            handle_signals=False, **handler_options)
     await runner.setup()
     # With several processes on one port (hookline receiver --processes N) the kernel spreads
     # connections over them (SO_REUSEPORT); a lone process keeps the port to itself.

@@ -8,11 +8,15 @@ hand the row to the group committer. The answer is sent only after the row's
 transaction has committed; if Postgres cannot take it, the answer is 503 with
 Retry-After so the sender retries — never a 2xx for an event we do not hold.
 Input the sender got wrong is a 4xx and costs no other sender anything.
+
+A request that arrives whole on an idle connection reaches :meth:`Intake.receive` straight from
+the connection handler (``connection``); the rest through aiohttp and the dispatcher below.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import hashlib
 import json
@@ -29,8 +33,9 @@ from hookline.core import http, metrics, tracing
 from hookline.core.batching import BatcherFull
 from hookline.core.providers import Provider, ProviderRegistry
 from hookline.core.signatures import SignatureError, signature_headers_for, verify
+from hookline.receiver.connection import WEBHOOKS_PREFIX, WebhookConnection
 from hookline.receiver.group_commit import GroupCommitter, InboxRow, is_data_error
-from hookline.receiver.intake import BodyLimits, BufferBudget, ClientGone, Refused, read_body
+from hookline.receiver.intake import BodyLimits, BufferBudget, ClientGone, Incoming, Refused, read_body
 from hookline.receiver.validation import (
     BadEvent,
     JsonBody,
@@ -95,9 +100,6 @@ def unavailable(message: str) -> web.Response:
     return http.error(503, "unavailable", message, **{"Retry-After": RETRY_AFTER_SECONDS})
 
 
-WEBHOOKS_PREFIX = "/webhooks/"
-
-
 class Intake:
     """POST /webhooks/{provider}: one receiver process's request path and what it holds."""
 
@@ -133,7 +135,7 @@ class Intake:
         """The router's handler for /webhooks/{provider} (requests the dispatcher passed on)."""
         return await self.receive(request, request.match_info["provider"])
 
-    async def receive(self, request: web.BaseRequest, name: str) -> web.Response:
+    async def receive(self, request: Incoming, name: str) -> web.Response:
         started = time.perf_counter()
         provider = self.registry.get(name)
         label = name if provider else "unknown"
@@ -142,7 +144,7 @@ class Intake:
         metrics.child(metrics.receiver_latency, label).observe(time.perf_counter() - started)
         return response
 
-    async def _receive(self, request: web.BaseRequest, name: str, provider: Provider | None) -> web.Response:
+    async def _receive(self, request: Incoming, name: str, provider: Provider | None) -> web.Response:
         if request.method != "POST":
             return http.error(405, "method_not_allowed", "use POST", Allow="POST")
         if provider is None:
@@ -163,14 +165,14 @@ class Intake:
             response.force_close()
             return response
 
-    async def _verify_and_store(self, request: web.BaseRequest, provider: Provider, raw: bytes) -> web.Response:
+    async def _verify_and_store(self, request: Incoming, provider: Provider, raw: bytes) -> web.Response:
         if not tracing.enabled():  # the common case: no span to open per request
             return await self._store_verified(request, provider, raw, None)
         with tracing.span("hookline.receive", request.headers.get("traceparent"), tracing.SERVER,
                           {"hookline.provider": provider.name}) as traceparent:
             return await self._store_verified(request, provider, raw, traceparent)
 
-    async def _store_verified(self, request: web.BaseRequest, provider: Provider, raw: bytes,
+    async def _store_verified(self, request: Incoming, provider: Provider, raw: bytes,
                               traceparent: str | None) -> web.Response:
         try:
             verify(provider.signature, request.headers, raw, time.time())
@@ -254,6 +256,7 @@ class Receiver:
         self.committer.start()
         # Content codings are decoded by the receiver itself, bounded per provider (see intake).
         self._runner = await http.serve(self.app, self.host, self.port, self.limits.connections,
+                                        functools.partial(WebhookConnection, intake=self.intake),
                                         auto_decompress=False)
         server = self._runner.server
         assert server is not None
@@ -263,8 +266,8 @@ class Receiver:
         log.info("receiver listening", extra={"url": f"http://{self.host}:{self.port}"})
 
     async def stop(self) -> None:
-        if self._runner:
-            await self._runner.shutdown()
-        await self.committer.stop()
+        # First no new connections, idle ones closed, and every request in progress answered (which
+        # needs the committer), then the committer. aiohttp's runner.shutdown() only runs hooks.
         if self._runner:
             await self._runner.cleanup()
+        await self.committer.stop()

@@ -21,15 +21,34 @@ import asyncio
 import logging
 import zlib
 from dataclasses import dataclass
+from typing import Protocol
 
-from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.streams import StreamReader
+from multidict import CIMultiDictProxy
 
 log = logging.getLogger(__name__)
 
 # zlib window bits: 16 + MAX_WBITS reads the gzip wrapper, MAX_WBITS the zlib ("deflate") one.
 _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 ACCEPTED_ENCODINGS = "gzip, deflate, identity"
+
+
+class Incoming(Protocol):
+    """What the receiver reads of a request: aiohttp's ``web.BaseRequest``, or the parser's
+    output on the short lane (``connection.ParsedRequest``)."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def headers(self) -> CIMultiDictProxy[str]: ...
+
+    @property
+    def content_length(self) -> int | None: ...
+
+    @property
+    def content(self) -> StreamReader: ...
 
 
 class Refused(Exception):
@@ -103,7 +122,7 @@ def _too_large(limit: int) -> Refused:
     return Refused(413, "payload_too_large", f"the body exceeds {limit} bytes")
 
 
-async def read_body(request: web.BaseRequest, limit: int, lease: BodyLease, timeout: float) -> bytes:
+async def read_body(request: Incoming, limit: int, lease: BodyLease, timeout: float) -> bytes:
     """The decoded body; raises :class:`Refused` or :class:`ClientGone`."""
     if request.content_length is not None:
         if request.content_length > limit:
@@ -127,7 +146,7 @@ async def read_body(request: web.BaseRequest, limit: int, lease: BodyLease, time
     return decode(raw, request.headers.get("Content-Encoding"), limit, lease)
 
 
-def _buffered_body(request: web.BaseRequest, limit: int, lease: BodyLease, reserved: int) -> bytes:
+def _buffered_body(request: Incoming, limit: int, lease: BodyLease, reserved: int) -> bytes:
     """A body already complete in aiohttp's buffer, in one call (no read loop, no await)."""
     raw = request.content.read_nowait()
     if len(raw) > limit:
@@ -137,7 +156,7 @@ def _buffered_body(request: web.BaseRequest, limit: int, lease: BodyLease, reser
     return raw
 
 
-async def _read_chunks(request: web.BaseRequest, limit: int, lease: BodyLease, reserved: int) -> list[bytes]:
+async def _read_chunks(request: Incoming, limit: int, lease: BodyLease, reserved: int) -> list[bytes]:
     chunks: list[bytes] = []
     size = 0
     while chunk := await request.content.readany():

@@ -1,0 +1,170 @@
+"""The receiver's connection handler: aiohttp's, plus a short lane for the request that matters.
+
+Nearly every request a receiver sees is the same: one ``POST /webhooks/<provider>`` whose headers
+and body arrive together, on a keep-alive connection with nothing else queued. aiohttp serves it
+through its general machinery: it wakes the connection's task, starts a task per request, and
+builds request, response and writer objects. On this machine that is 90-110 µs of CPU per request
+for an empty handler under wrk, against 32-39 µs for the same request parsed by aiohttp's own
+parser and answered straight from the protocol, about a quarter of what a stored event costs.
+
+So this handler takes such a request from aiohttp's parser straight to :meth:`Intake.receive` and
+writes the answer itself. Everything else stays on aiohttp's path, which answers as it always has:
+ops routes, unknown providers, ``Expect``, bodies still arriving (with their deadline), pipelined
+requests, HTTP/1.0, upgrades, malformed input, and a client that does not read its answers.
+
+Order is kept: a connection has one request answered at a time. While a short-lane answer is
+pending, whatever else arrives waits in aiohttp's queue, and aiohttp is woken for it only once the
+answer is written. aiohttp's idle deadline (keepalive_timeout) is pushed on as aiohttp would push
+it, and a graceful shutdown waits for a pending answer before closing the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from email.utils import formatdate
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from aiohttp.http import HttpVersion11, RawRequestMessage
+from aiohttp.streams import StreamReader
+from multidict import CIMultiDictProxy
+
+from hookline.core import http
+
+if TYPE_CHECKING:
+    from hookline.receiver.app import Intake
+
+log = logging.getLogger(__name__)
+
+WEBHOOKS_PREFIX = "/webhooks/"
+
+
+class ParsedRequest:
+    """What :class:`Intake` reads of a request, taken from aiohttp's parser output."""
+
+    __slots__ = ("content", "headers", "method")
+
+    def __init__(self, message: RawRequestMessage, payload: StreamReader) -> None:
+        self.method: str = message.method
+        self.headers: CIMultiDictProxy[str] = message.headers
+        self.content = payload
+
+    @property
+    def content_length(self) -> int | None:
+        value = self.headers.get("Content-Length")
+        return int(value) if value is not None else None  # the parser has checked it is digits
+
+
+class WebhookConnection(http.GuardedHandler):
+    """One client connection of the receiver (aiohttp's ``RequestHandler`` with a short lane)."""
+
+    def __init__(self, manager: web.Server, *, intake: Intake, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._intake = intake
+        self._short_lane: asyncio.Task[None] | None = None
+        self._shutting_down = False
+
+    def answering(self) -> bool:
+        return self._short_lane is not None or super().answering()
+
+    def data_received(self, data: bytes) -> None:
+        if self._shutting_down:  # as aiohttp does once shutting down: nothing new is started
+            return
+        waiter = self._waiter
+        if waiter is None or waiter.done():  # aiohttp is handling a request: its queue keeps the order
+            super().data_received(data)
+            return
+        # aiohttp's task is idle, waiting for a request: let it parse, but look before it wakes.
+        self._waiter = None
+        try:
+            super().data_received(data)
+        finally:
+            self._waiter = waiter
+        if self._force_close or self._close:
+            waiter.cancel()  # what close() would have done to the waiter it could not see
+            return
+        self._take_next()
+
+    def _take_next(self) -> None:
+        """Answer the one queued request on the short lane if it qualifies, else wake aiohttp for the queue."""
+        if self._short_lane is not None or not self._messages or self.transport is None:
+            return
+        message, payload = self._messages[0]
+        if len(self._messages) == 1 and isinstance(message, RawRequestMessage) and self._qualifies(message, payload):
+            self._messages.popleft()
+            if self._parser is not None:
+                self._parser.message_consumed()  # the parser bounds the requests queued unanswered
+            self._push_idle_deadline()
+            self._short_lane = self._loop.create_task(self._answer(message, payload))
+        elif self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _qualifies(self, message: RawRequestMessage, payload: StreamReader) -> bool:
+        return (message.method == "POST" and message.version == HttpVersion11 and not message.upgrade
+                and payload.is_eof() and not self.writing_paused and "Expect" not in message.headers
+                and message.path.startswith(WEBHOOKS_PREFIX)
+                # a provider's exact name: no query, no percent-encoding, nothing the router would read otherwise
+                and self._intake.registry.get(message.path[len(WEBHOOKS_PREFIX):]) is not None)
+
+    async def _answer(self, message: RawRequestMessage, payload: StreamReader) -> None:
+        try:
+            response = await self._intake.receive(ParsedRequest(message, payload),
+                                                  message.path[len(WEBHOOKS_PREFIX):])
+        except Exception:  # what aiohttp does for a handler that raises: 500, logged, connection closed
+            log.exception("unexpected error receiving a webhook")
+            response = http.error(500, "internal_error", "the event could not be received")
+            response.force_close()
+        finally:
+            self._short_lane = None
+        if self.transport is None:  # the client left; what was stored stays stored
+            return
+        # A server closing (aiohttp's close(), then shutdown()) ends the connection after this answer.
+        close = message.should_close or response.keep_alive is False or self._close or self._shutting_down
+        self.transport.write(render(response, close))
+        if close:
+            self.force_close()
+            return
+        self._push_idle_deadline()
+        self._take_next()
+
+    def _push_idle_deadline(self) -> None:
+        """aiohttp's keep-alive close time, moved on after a request as aiohttp moves it after its own."""
+        if self._keepalive_timeout <= 0:
+            return
+        self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+        if self._keepalive_handle is None:
+            self._keepalive_handle = self._loop.call_at(self._next_keepalive_close_time, self._process_keepalive)
+
+    async def shutdown(self, timeout: float | None = 15.0) -> None:
+        self._shutting_down = True
+        if self._short_lane is not None:  # answered (with Connection: close) before aiohttp closes
+            await asyncio.wait([self._short_lane], timeout=timeout)
+        await super().shutdown(timeout)
+
+
+def render(response: web.Response, close: bool) -> bytes:
+    """``response`` as HTTP/1.1 bytes: the status line, its headers, Content-Length and Date."""
+    body = response.body
+    assert isinstance(body, bytes)
+    lines = [f"HTTP/1.1 {response.status} {response.reason}"]
+    lines += [f"{name}: {value}" for name, value in response.headers.items()]
+    lines.append(f"Content-Length: {len(body)}")
+    lines.append(f"Date: {http_date()}")
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+_date_second = 0
+_date_text = ""
+
+
+def http_date() -> str:
+    """The Date header's value, formatted once a second."""
+    global _date_second, _date_text
+    now = int(time.time())
+    if now != _date_second:
+        _date_second, _date_text = now, formatdate(now, usegmt=True)
+    return _date_text
