@@ -24,7 +24,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -72,7 +72,7 @@ _event_types_json: dict[str, str] = {}  # an install has few event types: each e
 
 def envelope(event_type: str, timestamp: str, payload_json: str) -> bytes:
     """The Standard Webhooks body: the same bytes on every attempt (the stored event does not change).
-    ``timestamp`` is the event's creation time in RFC 3339 (formatted by ``claimed_events``) and
+    ``timestamp`` is the event's creation time in RFC 3339 (formatted by ``claimed_with_events``) and
     ``payload_json`` the stored payload as Postgres prints it, spliced in rather than decoded and
     encoded again (one per delivery)."""
     event_type_json = _event_types_json.get(event_type)
@@ -81,6 +81,25 @@ def envelope(event_type: str, timestamp: str, payload_json: str) -> bytes:
         if len(_event_types_json) < 10_000:
             _event_types_json[event_type] = event_type_json
     return f'{{"type":{event_type_json},"timestamp":"{timestamp}","data":{payload_json}}}'.encode()
+
+
+CLAIM_STAND_IN = "SELECT * FROM hookline.deliveries WHERE false"  # in claimed_with_events as written
+
+
+def claim_with_events(claim: str) -> str:
+    """The relay's claim statement: outbox.sql's ``claimed_with_events`` with queue.sql's ``claim`` (or
+    ``claim_ordered``) of the outbox in place of its stand-in, so that the claim returns each delivery's event."""
+    statement = _claims_with_events.get(claim)
+    if statement is None:
+        written = outbox.query("claimed_with_events")
+        if written.count(CLAIM_STAND_IN) != 1:
+            raise ValueError(f"claimed_with_events in outbox.sql must hold {CLAIM_STAND_IN!r} once")
+        statement = written.replace(CLAIM_STAND_IN, claim.rstrip().removesuffix(";"))
+        _claims_with_events[claim] = statement
+    return statement
+
+
+_claims_with_events: dict[str, str] = {}  # the outbox's two claims, composed once each
 
 
 @dataclass(slots=True)  # one per attempt, as Claimed
@@ -333,7 +352,7 @@ class Relay(LeasedConsumer):
                 continue
             rows = await self._claim(conn, endpoint, limit)
             if rows:
-                await self._start_batch(conn, endpoint, rows)
+                self._start_claimed(endpoint, rows)
             claimed += len(rows)
         return claimed
 
@@ -357,30 +376,25 @@ class Relay(LeasedConsumer):
             self._probe_looked[name] = time.monotonic()
             return 0
         self._probes[name] = rows[0]["id"]
-        await self._start_batch(conn, self._endpoints.get(name, endpoint), rows, probe=True)
+        self._start_claimed(self._endpoints.get(name, endpoint), rows, probe=True)
         return 1
 
     async def _claim(self, conn: asyncpg.Connection, endpoint: Endpoint, limit: int) -> list[asyncpg.Record]:
-        """The queue claim, with due retries first (see claim in queue.sql for why)."""
-        return await OUTBOX.claim(conn, endpoint.name, limit, self.worker_id, self.lease_seconds,
-                                  ordered=endpoint.ordered)
+        """The queue claim (due retries first: see claim in queue.sql), each delivery with its event
+        (``claimed_with_events``); none when the endpoint was deleted just now, its deliveries with it."""
+        sql = claim_with_events(OUTBOX.sql("claim_ordered" if endpoint.ordered else "claim"))
+        return list(await conn.fetch(sql, endpoint.name, limit, self.worker_id, float(self.lease_seconds)))
 
-    async def _start_batch(self, conn: asyncpg.Connection | asyncpg.Pool, endpoint: Endpoint,
-                           rows: list[asyncpg.Record], *, probe: bool = False) -> None:
-        events = {r["id"]: r for r in await conn.fetch(
-            outbox.query("claimed_events"), [r["outbox_id"] for r in rows], endpoint.name)}
-        if not events:
-            self._probes.pop(endpoint.name, None)
-            return  # the endpoint was deleted just now, and its deliveries with it
-        secrets = tuple(active_secrets(json.loads(next(iter(events.values()))["secrets"])))
+    def _start_claimed(self, endpoint: Endpoint, rows: Sequence[Mapping[str, Any]], *, probe: bool = False) -> None:
+        """Start claimed deliveries: ``rows`` as ``claimed_with_events`` returns them, of one endpoint."""
+        secrets = tuple(active_secrets(json.loads(rows[0]["secrets"])))
         if secrets != endpoint.secrets:  # rotated since the cache was loaded
             endpoint = dataclasses.replace(endpoint, secrets=secrets)
             self._endpoints[endpoint.name] = endpoint
         for row in rows:
-            event = events[row["outbox_id"]]
-            self._start(Claimed(row["id"], row["attempts"], endpoint, event["event_id"],
-                                envelope(event["event_type"], event["timestamp"], event["payload"]), probe,
-                                event["traceparent"]))
+            self._start(Claimed(row["id"], row["attempts"], endpoint, row["event_id"],
+                                envelope(row["event_type"], row["timestamp"], row["payload"]), probe,
+                                row["traceparent"]))
 
     def _start(self, claimed: Claimed) -> None:
         self.spawn(claimed.id, self._deliver(claimed), self.lease_seconds, claimed.endpoint.name)
@@ -392,8 +406,11 @@ class Relay(LeasedConsumer):
 
     async def start_suspect(self, row: asyncpg.Record) -> None:
         endpoint = self._endpoints.get(row["endpoint"])
-        if endpoint is not None:
-            await self._start_batch(self.pool, endpoint, [row])
+        if endpoint is None:
+            return
+        event = await self.pool.fetchrow(outbox.query("claimed_events"), [row["outbox_id"]], endpoint.name)
+        if event is not None:  # None: the endpoint was deleted just now, and its deliveries with it
+            self._start_claimed(endpoint, [{**event, "id": row["id"], "attempts": row["attempts"]}])
 
     def on_finished(self, id: int, partition: str, task: asyncio.Task[Any]) -> None:
         if self._probes.get(partition) == id:
