@@ -67,6 +67,11 @@ handler_duration = Histogram(
     ["provider"],
     buckets=_LATENCY_BUCKETS,
 )
+worker_batch_reruns = Counter(
+    "hookline_worker_transaction_batch_reruns",
+    "Transaction batches rolled back and run again with a savepoint per event, because a handler failed, "
+    "a lease was lost or a handler left the transaction aborted.",
+)
 worker_batch_size = Histogram(
     "hookline_worker_transaction_batch_events",
     "Transactional handler events committed per transaction (each in its own savepoint).",

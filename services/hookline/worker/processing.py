@@ -12,8 +12,11 @@ Three paths, chosen by the provider:
   crash or a lost lease can never leave them applied twice.
 
   Under load several such events of one provider share a transaction
-  (``TransactionBatches``): each runs in its own savepoint, and one guarded
-  completion for all of them ends the batch. A handler that raises rolls back to
+  (``TransactionBatches``), and one guarded completion for all of them ends the
+  batch. They run first without savepoints; if anything goes wrong the batch
+  rolls back to its start and runs again with a savepoint per event, so a
+  handler may run twice for one attempt (only the last run's writes commit).
+  With savepoints: a handler that raises rolls back to
   its savepoint (its failure is booked for retry or dead right there) and its
   batch-mates commit with their "done" rows. An event whose lease is gone by then
   is missing from the completion's answer: the batch rolls back to that event's
@@ -197,13 +200,22 @@ class TransactionBatches:
     batch jobs run by (entity key, id): events of one entity in the order they arrived, and
     entity-state rows locked in the same order by every batch.
 
-    Per job a batch costs one round trip (its savepoint) besides the handler's own; the batch
-    adds its begin, one completion statement for all its jobs, and its commit.
+    A batch first runs its jobs one after another with no savepoint of their own and completes
+    them: when all goes well, as it nearly always does, a job costs no round trip besides the
+    handler's own; the batch adds its begin, one completion statement for all its jobs, and its
+    commit. When anything goes wrong (a handler raises or leaves the transaction aborted, a
+    lease is lost) the pass is rolled back to the batch's first savepoint and the batch runs
+    again with a savepoint per job, which keeps each failure to its own job: a round trip more
+    per job, and for the next CAREFUL_BATCHES batches too. So a handler may run twice for one
+    attempt, its first run's writes rolled back.
     """
 
     # A batch takes its transaction's share of what has queued (at least EVEN_SHARE jobs), so
     # a backlog keeps the transactions' commits overlapping rather than one long transaction.
-    EVEN_SHARE = 8
+    # 16 is half the default concurrency: two batches overlap, and a batch's begin, completion
+    # and commit serve 16 jobs (with 8, a transactional no-op drain cost a third more CPU in
+    # the worker and half as much again in Postgres per event).
+    EVEN_SHARE = 16
     # Enough transactions that each batch's handlers take about this long (a fraction of
     # max_seconds: a batch's row locks are held briefly), and never fewer than MIN_TRANSACTIONS,
     # so one batch runs while another commits.
@@ -213,12 +225,17 @@ class TransactionBatches:
     # backend keeps up to 64 of those in shared memory; past that, every snapshot taken anywhere
     # in the cluster while the batch runs has to look them up in pg_subtrans (slow for all).
     MAX_JOBS = 60
+    # After a batch that had to run again job by job, this many batches go job by job at once: a
+    # provider whose handlers keep failing pays for no passes that are thrown away.
+    CAREFUL_BATCHES = 10
 
-    def __init__(self, run_one: Callable[[asyncpg.Connection, Job, str], Awaitable[Outcome]],
+    def __init__(self, apply: Callable[[asyncpg.Connection, Job], Awaitable[Result]],
+                 run_one: Callable[[asyncpg.Connection, Job, str], Awaitable[Outcome]],
                  fail_one: Callable[[asyncpg.Connection, Job, str, Exception], Awaitable[Outcome]],
                  run_alone: Callable[[Job], Awaitable[Outcome]],
                  complete: Callable[[asyncpg.Connection, list[tuple[int, int]]], Awaitable[set[int]]],
                  pool: asyncpg.Pool, name: str, *, transactions: int, max_batch: int, max_seconds: float) -> None:
+        self._apply = apply
         self._run_one = run_one
         self._fail_one = fail_one
         self._run_alone = run_alone
@@ -228,6 +245,7 @@ class TransactionBatches:
         self._transactions = transactions
         self._job_seconds = 0.001  # recent time per job, a moving average
         self._transaction_seconds = 0.001  # recent time per batch, from its start to its commit
+        self._careful_batches = 0  # batches still to run with savepoints after one that went wrong
         self._batcher: Batcher[Job, Outcome | None] = Batcher(
             self._run, name=f"transactions:{name}", max_batch=max_batch, window=0.0, writers=transactions,
             limit=self._limit, active=self._active_transactions)
@@ -267,25 +285,75 @@ class TransactionBatches:
         if len(jobs) == 1:
             metrics.worker_batch_size.observe(1)
             return [await self._run_alone(jobs[0])]
-        outcomes: list[Outcome | None] = [None] * len(jobs)
         order = sorted(range(len(jobs)), key=lambda i: (jobs[i].event.entity_key or "", jobs[i].event.id))
-        ran: list[int] = []  # indexes into jobs, in the order they ran: job ran[p] has savepoint p
         # One round trip opens the transaction and the first job's savepoint. Deferred constraints
         # are checked at each statement, so a violation fails its own event's savepoint, not the
         # batch's commit.
         async with (self._pool.acquire() as conn,
                     handler_transaction(conn, f"SET CONSTRAINTS ALL IMMEDIATE; SAVEPOINT {savepoint_name(0)}")):
-            began = time.monotonic()
-            for i in order:
-                if ran:
-                    if time.monotonic() - began >= self._max_seconds:
-                        break
-                    # Savepoints stay open (nested): a lease found lost at the end is cut off at its own.
-                    await self._savepoint(conn, jobs, outcomes, ran)
-                outcomes[i] = await self._run_one(conn, jobs[i], savepoint_name(len(ran)))
-                ran.append(i)
-            self.record_pace(time.monotonic() - began, len(ran))
-            await self._complete(conn, jobs, outcomes, ran)
+            if self._careful_batches:
+                self._careful_batches -= 1
+            else:
+                outcomes = await self._run_without_savepoints(conn, jobs, order)
+                if outcomes is not None:
+                    return outcomes
+                # Something went wrong: undo the whole pass, and run the batch again job by job.
+                await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint_name(0)}")
+                self._careful_batches = self.CAREFUL_BATCHES
+                metrics.worker_batch_reruns.inc()
+            return await self._run_in_savepoints(conn, jobs, order)
+
+    async def _run_without_savepoints(self, conn: asyncpg.Connection, jobs: list[Job],
+                                      order: list[int]) -> list[Outcome | None] | None:
+        """Every job of the batch, none in a savepoint of its own (a round trip less each), and
+        their completion; None, with nothing undone yet, as soon as anything goes wrong: a handler
+        raises, a lease is lost, or the transaction is left aborted. The caller then rolls the
+        batch back to its first savepoint and runs it again job by job, which finds the culprit."""
+        outcomes: list[Outcome | None] = [None] * len(jobs)
+        began = time.monotonic()
+        ran: list[int] = []
+        for i in order:
+            if ran and time.monotonic() - began >= self._max_seconds:
+                break
+            try:
+                result = await self._apply(conn, jobs[i])
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # the batch itself is being stopped: everything in it rolls back
+                return None
+            except Exception:
+                return None
+            outcomes[i] = DONE if result is Result.DONE else Outcome(result)
+            ran.append(i)
+        self.record_pace(time.monotonic() - began, len(ran))
+        applied = [(jobs[i].event.id, jobs[i].event.attempts) for i in ran if outcomes[i] == DONE]
+        if applied:
+            try:
+                done = await self._complete_pairs(conn, applied)
+            except asyncpg.InFailedSQLTransactionError:
+                return None
+            if len(done) != len(applied):
+                return None
+        metrics.worker_batch_size.observe(len(ran))
+        return outcomes
+
+    async def _run_in_savepoints(self, conn: asyncpg.Connection, jobs: list[Job],
+                                 order: list[int]) -> list[Outcome | None]:
+        """Every job of the batch in its own savepoint, the first one open already."""
+        outcomes: list[Outcome | None] = [None] * len(jobs)
+        ran: list[int] = []  # indexes into jobs, in the order they ran: job ran[p] has savepoint p
+        began = time.monotonic()
+        for i in order:
+            if ran:
+                if time.monotonic() - began >= self._max_seconds:
+                    break
+                # Savepoints stay open (nested): a lease found lost at the end is cut off at its own.
+                await self._savepoint(conn, jobs, outcomes, ran)
+            outcomes[i] = await self._run_one(conn, jobs[i], savepoint_name(len(ran)))
+            ran.append(i)
+        self.record_pace(time.monotonic() - began, len(ran))
+        await self._complete(conn, jobs, outcomes, ran)
         metrics.worker_batch_size.observe(len(ran))
         return outcomes
 
@@ -432,8 +500,8 @@ class Processor:
     def _batches_of(self, provider: Provider) -> TransactionBatches:
         if provider.name not in self._batches:
             self._batches[provider.name] = TransactionBatches(
-                self._in_savepoint, self._failed_in_savepoint, self._batch_of_one, self._complete_in, self.pool,
-                provider.name,
+                self._apply, self._in_savepoint, self._failed_in_savepoint, self._batch_of_one, self._complete_in,
+                self.pool, provider.name,
                 transactions=self._concurrency, max_batch=min(self._concurrency, TransactionBatches.MAX_JOBS),
                 max_seconds=self._batch_seconds)
         return self._batches[provider.name]
