@@ -5,7 +5,8 @@ relay's CPU per delivery (a request object, header multidicts, a connector with 
 timer and a send task per request, a stream reader per response). A webhook POST needs much
 less: one write of prebuilt bytes, a status line, a few headers and a bounded body.
 
-Careful the same way as ``delivery.post``: a connect timeout and a total timeout, no
+Careful the same way as ``delivery.post``: a connect timeout and a total timeout (the total
+one checked every ``TIMEOUT_CHECK_SECONDS`` by one timer per client, not a timer per request), no
 redirects (a 3xx is an answer), at most ``max_response_bytes`` of the answer read (a longer
 answer closes its connection instead of being drained), and without ``allow_private_networks``
 no connection to an internal address: every address is checked after resolution, right before
@@ -36,6 +37,7 @@ from hookline.core.delivery import (
 )
 
 IDLE_SECONDS = 15.0  # an idle connection older than this is closed rather than reused (servers drop them)
+TIMEOUT_CHECK_SECONDS = 0.1  # how late past its timeout a request may fail
 MAX_HEAD_BYTES = 65536  # status line and headers of an answer; more is not an HTTP answer we accept
 _SEPARATOR = b"\r\n\r\n"
 _AddrInfo = TypeVar("_AddrInfo", bound=tuple[Any, ...])  # one getaddrinfo entry
@@ -121,7 +123,6 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._buffer = bytearray()
         self._waiter: asyncio.Future[Answer] | None = None
-        self._timer: asyncio.TimerHandle | None = None
         self._limit = MAX_RESPONSE_BYTES
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -153,26 +154,19 @@ class _Connection(asyncio.Protocol):
         if answer is not None:
             self._settle(answer)
 
-    def send(self, request: bytes, limit: int, deadline: float) -> asyncio.Future[Answer]:
-        """Send ``request``; the future of its answer, failed with TimeoutError at ``deadline`` (the
-        loop's clock). A method and a timer, not a coroutine and an ``asyncio.timeout`` scope: per
-        request, each of those cost about as much CPU as parsing the answer."""
+    def send(self, request: bytes, limit: int) -> asyncio.Future[Answer]:
+        """Send ``request``; the future of its answer (a method, not a coroutine: one layer less per request)."""
         assert self.transport is not None
-        loop = asyncio.get_running_loop()
         self._buffer.clear()
         self._limit = limit
-        waiter: asyncio.Future[Answer] = loop.create_future()
+        waiter: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiter = waiter
-        self._timer = loop.call_at(deadline, self._settle, TimeoutError())
         self.transport.write(request)
         return waiter
 
     def _settle(self, outcome: Answer | BaseException) -> None:
         """End the waiting request with its answer or its error (once; later outcomes are dropped)."""
         waiter, self._waiter = self._waiter, None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         if waiter is None or waiter.done():
             return
         if isinstance(outcome, Answer):
@@ -180,11 +174,12 @@ class _Connection(asyncio.Protocol):
         else:
             waiter.set_exception(outcome)
 
+    def expire(self) -> None:
+        """The waiting request's time is up."""
+        self._settle(TimeoutError())
+
     def close(self) -> None:
         self.closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         if self.transport is not None:
             self.transport.close()
 
@@ -302,8 +297,16 @@ class WebhookClient:
         self._max_idle = connections
         self._targets: dict[str, Target] = {}  # parsed URLs (an install has few endpoints)
         self.connections_opened = 0  # for tests: keep-alive reuse is observable
+        # Connections waiting for an answer, with their deadlines (the loop's clock), and the timer that
+        # fails the late ones: it runs while any request waits.
+        self._waiting: dict[_Connection, float] = {}
+        self._checker: asyncio.TimerHandle | None = None
+        self._checker_loop: asyncio.AbstractEventLoop | None = None
 
     async def close(self) -> None:
+        if self._checker is not None:
+            self._checker.cancel()
+            self._checker = None
         for idle in self._idle.values():
             for connection in idle:
                 connection.close()
@@ -342,11 +345,16 @@ class WebhookClient:
         if connection is None:
             async with asyncio.timeout_at(min(deadline, now + connect_timeout)):
                 connection = await self._connect(target.origin)
+        self._waiting[connection] = deadline
+        if self._checker is None or self._checker_loop is not loop:
+            self._checker, self._checker_loop = loop.call_later(TIMEOUT_CHECK_SECONDS, self._expire_late), loop
         try:
-            answer = await connection.send(request, limit, deadline)
+            answer = await connection.send(request, limit)
         except BaseException:
             connection.close()  # mid-request (timeout, cancel, error): its state is unknown
             raise
+        finally:
+            del self._waiting[connection]
         idle = self._idle.get(target.origin)
         if idle is None:
             idle = self._idle[target.origin] = deque()
@@ -356,6 +364,14 @@ class WebhookClient:
         else:
             connection.close()
         return answer
+
+    def _expire_late(self) -> None:
+        """Fail the requests past their deadline; again in ``TIMEOUT_CHECK_SECONDS`` while any request waits."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for connection in [c for c, deadline in self._waiting.items() if deadline <= now]:
+            connection.expire()
+        self._checker = loop.call_later(TIMEOUT_CHECK_SECONDS, self._expire_late) if self._waiting else None
 
     def _parse_target(self, url: str) -> Target:
         target = Target.parse(url)
