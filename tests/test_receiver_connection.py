@@ -85,6 +85,14 @@ async def stored(conn: asyncpg.Connection, event_ids: list[str]) -> dict[str, in
     return {r["event_id"]: r["n"] for r in rows}
 
 
+async def assert_closed_and_stored(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                                   conn: asyncpg.Connection, event_ids: list[str]) -> None:
+    """The server has closed the connection, and every event is stored once."""
+    assert await asyncio.wait_for(reader.read(), 60) == b""
+    writer.close()
+    assert await stored(conn, event_ids) == {event_id: 1 for event_id in event_ids}
+
+
 async def test_requests_sent_while_an_answer_is_pending_are_answered_in_order(
         database_url: str, log_dir: Path, conn: asyncpg.Connection) -> None:
     ids = [f"evt_{uuid.uuid4().hex}" for _ in range(3)]
@@ -101,9 +109,7 @@ async def test_requests_sent_while_an_answer_is_pending_are_answered_in_order(
         assert [(status, body) for status, _, body in answers] == [
             (200, accepted(ids[0])), (200, {"status": "ok"}), (200, accepted(ids[1])), (200, accepted(ids[2]))]
         assert answers[3][1].get("connection", "").lower() == "close"
-        assert await asyncio.wait_for(reader.read(), 60) == b""  # and the server closed it
-        writer.close()
-        assert await stored(conn, ids) == {event_id: 1 for event_id in ids}
+        await assert_closed_and_stored(reader, writer, conn, ids)
     finally:
         proc.stop()
 
@@ -120,9 +126,8 @@ async def test_each_answer_moves_the_idle_deadline_on(database_url: str, log_dir
             assert (status, body) == (200, accepted(event_id))
             assert "date" in headers and "connection" not in headers
             await asyncio.sleep(0.3)
-        assert await asyncio.wait_for(reader.read(), 60) == b""  # idle for 1 s: closed
-        writer.close()
-        assert await stored(conn, ids) == {event_id: 1 for event_id in ids}
+        # Then idle for 1 s: closed.
+        await assert_closed_and_stored(reader, writer, conn, ids)
     finally:
         proc.stop()
 
@@ -142,9 +147,7 @@ async def test_graceful_shutdown_answers_a_pending_request_first(database_url: s
         status, headers, body = await read_answer(reader)
         assert (status, body) == (200, accepted(event_id))
         assert headers.get("connection", "").lower() == "close"
-        assert await asyncio.wait_for(reader.read(), 60) == b""
-        writer.close()
-        assert await stored(conn, [event_id]) == {event_id: 1}
+        await assert_closed_and_stored(reader, writer, conn, [event_id])
         assert await asyncio.to_thread(proc.proc.wait, 60) == 0  # the first SIGTERM's clean exit
     finally:
         proc.stop()

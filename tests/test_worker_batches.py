@@ -64,6 +64,15 @@ async def insert(pool: asyncpg.Pool, provider: str, events: list[tuple[str, str 
     return ids
 
 
+async def run_until_finished(database_url: str, tables: asyncpg.Pool, log_dir, *extra: str) -> None:
+    """A batching worker, run until every event is done or dead, then stopped cleanly."""
+    w = worker(database_url, log_dir, *BATCH, *extra)
+    try:
+        await wait_for(tables, UNFINISHED, 0, timeout=60)
+    finally:
+        assert w.stop() == 0
+
+
 async def effects_per_event(pool: asyncpg.Pool) -> Counter[str]:
     return Counter(r["event_id"] for r in await pool.fetch("SELECT event_id FROM batch_effects"))
 
@@ -77,11 +86,7 @@ async def test_a_batch_where_all_goes_well_runs_each_handler_once(database_url: 
                                                                    log_dir) -> None:
     apply_provider(database_url, "batch", PROVIDER)
     ids = await insert(tables, "batch", [("ok", None)] * 8)
-    w = worker(database_url, log_dir, *BATCH)
-    try:
-        await wait_for(tables, UNFINISHED, 0, timeout=60)
-    finally:
-        assert w.stop() == 0
+    await run_until_finished(database_url, tables, log_dir)
     calls = await tables.fetch("SELECT event_id, txid FROM batch_calls")
     assert Counter(r["event_id"] for r in calls) == Counter(ids)
     assert len({r["txid"] for r in calls}) < len(ids)  # batched: some shared a transaction
@@ -99,11 +104,7 @@ async def assert_failed_alone(database_url: str, tables: asyncpg.Pool, log_dir, 
     """Run a worker until every event is finished; then the culprit's first attempt ran in one
     transaction with others, those committed with it, its own effect rolled back, and its retry
     applied it once."""
-    w = worker(database_url, log_dir, *BATCH)
-    try:
-        await wait_for(tables, UNFINISHED, 0, timeout=60)
-    finally:
-        assert w.stop() == 0
+    await run_until_finished(database_url, tables, log_dir)
     txids = await first_attempt_txids(tables)
     batch = txids[culprit]
     # The failing handler ran in one transaction with others, and those committed with it ...
@@ -183,11 +184,7 @@ async def test_ordered_events_in_one_batch_keep_their_order(database_url: str, t
     events = [("succeeded", "e1"), ("succeeded", "e2"), ("created", "e3"), ("succeeded", "e3"),
               ("created", "e1"), ("created", "e2"), ("created", "e4"), ("succeeded", "e4")]
     ids = await insert(tables, "ordered", events)
-    w = worker(database_url, log_dir, *BATCH, "--poll-interval", "5")
-    try:
-        await wait_for(tables, UNFINISHED, 0, timeout=60)
-    finally:
-        assert w.stop() == 0
+    await run_until_finished(database_url, tables, log_dir, "--poll-interval", "5")
     assert await effects_per_event(tables) == Counter(ids)
     states = {r["entity_key"]: r["state"] for r in await tables.fetch(
         "SELECT entity_key, state FROM hookline.entity_states WHERE provider = 'ordered'")}
@@ -248,11 +245,7 @@ async def test_handlers_plan_as_postgres_does_by_default(database_url: str, tabl
         await generic.close()
     apply_provider(database_url, "plans", PROVIDER.replace("effect_or_trouble", "record_plan_cache_mode"))
     ids = await insert(tables, "plans", [("ok", None)] * 6)
-    w = worker(database_url, log_dir, *BATCH)
-    try:
-        await wait_for(tables, UNFINISHED, 0, timeout=60)
-    finally:
-        assert w.stop() == 0
+    await run_until_finished(database_url, tables, log_dir)
     rows = await tables.fetch("SELECT event_id, event_type, txid FROM batch_effects")
     assert sorted(r["event_id"] for r in rows) == sorted(ids)
     assert {r["event_type"] for r in rows} == {"auto"}
