@@ -23,6 +23,7 @@ import asyncpg
 from hookline.core import delivery, metrics
 from hookline.core.batching import Batcher
 from hookline.core.consumer import LeasedConsumer
+from hookline.core.gc_tuning import tune_gc_for_serving
 from hookline.core.listener import Listener
 from hookline.core.providers import Provider, ProviderRegistry
 from hookline.core.queue import INBOX, make_worker_id
@@ -100,6 +101,7 @@ class Worker(LeasedConsumer):
         self.completer.start()
         await self.start_loops()
         metrics.worker_concurrency.set(self.concurrency)
+        tune_gc_for_serving()
         log.info("worker started", extra={"worker": self.worker_id, "providers": self.only or "all",
                                           "concurrency": self.concurrency})
 
