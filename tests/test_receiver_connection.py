@@ -93,14 +93,18 @@ async def assert_closed_and_stored(reader: asyncio.StreamReader, writer: asyncio
     assert await stored(conn, event_ids) == {event_id: 1 for event_id in event_ids}
 
 
+@pytest.mark.parametrize("first_on_connection", [True, False], ids=["new-connection", "kept-alive"])
 async def test_requests_sent_while_an_answer_is_pending_are_answered_in_order(
-        database_url: str, log_dir: Path, conn: asyncpg.Connection) -> None:
+        database_url: str, log_dir: Path, conn: asyncpg.Connection, first_on_connection: bool) -> None:
     ids = [f"evt_{uuid.uuid4().hex}" for _ in range(3)]
     proc = receiver(database_url, log_dir)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", proc.port)
+        if not first_on_connection:  # one request answered first: aiohttp's task waits for the next
+            writer.write(HEALTHZ)
+            assert (await read_answer(reader))[0] == 200
         async with inbox_locked(database_url):
-            writer.write(webhook(ids[0]))  # alone on an idle connection: the short lane
+            writer.write(webhook(ids[0]))  # alone on a new or idle connection: the short lane
             await wait_for_blocked_insert(conn)
             # Pipelined behind it: an ops route (answerable at once), a webhook, and one that ends the connection.
             writer.write(HEALTHZ + webhook(ids[1]) + webhook(ids[2], close=True))
