@@ -77,7 +77,7 @@ class WebhookConnection(http.GuardedHandler):
         """aiohttp's task for this connection, begun after any answer the short lane owes already
         (a request that came with the connection): what queued behind it is answered after it."""
         self._task_not_begun = False
-        if self._short_lane is not None:
+        while self._short_lane is not None:  # one answer may queue the next on the short lane
             await asyncio.wait([self._short_lane])
         if self._force_close:  # the connection has ended already (that answer closed it, or the client left)
             return
