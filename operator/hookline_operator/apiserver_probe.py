@@ -9,7 +9,6 @@ version (``/version``, readable by every identity) once per interval and sets
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -17,6 +16,7 @@ import kopf
 from kubernetes import client
 
 from hookline.core import metrics
+from hookline.core.tasks import cancel_and_wait
 from hookline_operator.kube import load_config
 from hookline_operator.memo import OperatorMemo
 
@@ -54,7 +54,4 @@ async def start_probe(memo: OperatorMemo, **_: Any) -> None:
 
 @kopf.on.cleanup()
 async def stop_probe(memo: OperatorMemo, **_: Any) -> None:
-    for task in [t for t in memo.tasks if t.get_name() == "apiserver-probe"]:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await cancel_and_wait(*[t for t in memo.tasks if t.get_name() == "apiserver-probe"])

@@ -18,8 +18,6 @@ outcome sync reads from the memo, so the writers never disagree for longer than 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -32,6 +30,7 @@ from hookline.core import db, http, pools
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.maintenance import Job, Maintainer, lease_rescuer
 from hookline.core.queue import RetryPolicy, SweepResult
+from hookline.core.tasks import cancel_and_wait
 from hookline_operator import budget, resources, stats, tenancy, tokens
 from hookline_operator import status as report
 from hookline_operator.conditions import now_iso, set_condition
@@ -106,10 +105,7 @@ async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any)
 async def cleanup(memo: OperatorMemo, **_: Any) -> None:
     if memo.maintainer is not None:
         await memo.maintainer.stop()  # ends its session, and the leadership with it
-    for task in memo.tasks:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await cancel_and_wait(*memo.tasks)
     if memo.http is not None:
         await memo.http.cleanup()
     if memo.pool is not None:

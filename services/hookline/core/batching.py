@@ -35,6 +35,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
+from hookline.core.tasks import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -98,11 +100,7 @@ class Batcher(Generic[T, R]):
         if self._tasks:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), timeout)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks = []
 
     @property

@@ -40,6 +40,7 @@ from hookline.core import metrics
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.listener import Listener, Subscription
 from hookline.core.queue import Queue
+from hookline.core.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -183,10 +184,7 @@ class LeasedConsumer(ABC):
             # Their transactions rolled back (or their calls were cut off): the next consumer takes them now.
             released = await self.queue.release(self.pool, list(unfinished), self.worker_id)
             log.info("released leases on shutdown", extra={"count": len(released)})
-        for loop in self._loops[1:]:
-            loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop
+        await cancel_and_wait(*self._loops[1:])
         self._loops = []
         if self._subscription is not None:
             self.listener.unsubscribe(self._subscription)

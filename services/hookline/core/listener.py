@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from hookline.core.dedicated import DedicatedConnection
+from hookline.core.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,8 @@ class Listener:
             self._task = asyncio.create_task(self._run(), name="listener")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def subscribe(self, channels: Iterable[str], on_notify: Callable[[str, str], None],
                         on_resync: Callable[[], None]) -> Subscription:

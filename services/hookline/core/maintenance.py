@@ -29,6 +29,7 @@ from hookline.core import db, inbox_stats, metrics, partitions
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.providers import ProviderRegistry
 from hookline.core.queue import INBOX, Queue, RetryPolicy, SweepResult
+from hookline.core.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +69,7 @@ class Maintainer:
             self._tasks.append(asyncio.create_task(self._elect(), name=f"maintainer-{self.scope}-election"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks = []
 
     # --- scheduling ---------------------------------------------------------------------------

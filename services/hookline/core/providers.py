@@ -34,6 +34,7 @@ from hookline.core.provider_spec import load_documents as load_documents
 from hookline.core.provider_spec import parse_provider as parse_provider
 from hookline.core.provider_spec import split_file_secrets as split_file_secrets
 from hookline.core.signatures import get_scheme
+from hookline.core.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -195,10 +196,7 @@ class ProviderRegistry:
         self._task = asyncio.create_task(self._run(), name="provider-registry")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         if self._subscription is not None:
             self._listener.unsubscribe(self._subscription)
         if self._own_listener:

@@ -11,11 +11,12 @@ one still within its time. A deadline fires up to ``tick`` late.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable
 from typing import TypeVar
+
+from hookline.core.tasks import cancel_and_wait
 
 T = TypeVar("T")
 
@@ -42,11 +43,8 @@ class Deadlines:
         self._sweeper = asyncio.create_task(self._sweep(), name="deadlines")
 
     async def stop(self) -> None:
-        if self._sweeper:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-            self._sweeper = None
+        await cancel_and_wait(self._sweeper)
+        self._sweeper = None
 
     async def within(self, awaitable: Awaitable[T]) -> T:
         """``await awaitable``, or :class:`TimeoutError` once ``seconds`` have passed (and the

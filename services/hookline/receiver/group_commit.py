@@ -19,7 +19,6 @@ event that carried it, whatever (unsigned) id the replay claims.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ import asyncpg
 
 from hookline.core import db, metrics
 from hookline.core.batching import Batcher
+from hookline.core.tasks import cancel_and_wait
 from hookline.receiver.deadlines import Deadlines
 
 log = logging.getLogger(__name__)
@@ -102,10 +102,7 @@ class GroupCommitter:
         self._pruner = asyncio.create_task(self._prune_body_hashes(), name="body-hash-pruner")
 
     async def stop(self) -> None:
-        if self._pruner:
-            self._pruner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pruner
+        await cancel_and_wait(self._pruner)
         await self._batcher.stop()
         await self._deadlines.stop()
 
