@@ -20,7 +20,7 @@ from typing import Any
 
 import asyncpg
 
-from hookline.core import delivery, metrics
+from hookline.core import db, delivery, metrics
 from hookline.core.batching import Batcher
 from hookline.core.consumer import LeasedConsumer
 from hookline.core.gc_tuning import tune_gc_for_serving
@@ -31,6 +31,20 @@ from hookline.worker.event import Event
 from hookline.worker.processing import Processor
 
 log = logging.getLogger(__name__)
+
+CLAIM_STAND_IN = "SELECT * FROM hookline.inbox WHERE false"  # in worker.sql's claimed_events as written
+
+
+def claimed_events(claim: str) -> str:
+    """worker.sql's ``claimed_events`` with ``claim`` (queue.sql's claim of the inbox) in place of its stand-in."""
+    written = db.query("claimed_events", "worker.sql")
+    if written.count(CLAIM_STAND_IN) != 1:
+        raise ValueError(f"claimed_events in worker.sql must hold {CLAIM_STAND_IN!r} once")
+    return written.replace(CLAIM_STAND_IN, claim.rstrip().removesuffix(";"))
+
+
+# The claim a worker runs: the inbox's claim, returning only the columns the worker reads.
+CLAIM_EVENTS = claimed_events(INBOX.sql("claim"))
 
 
 class BatchCompleter:
@@ -141,8 +155,8 @@ class Worker(LeasedConsumer):
         for provider in providers[self._rotation:] + providers[: self._rotation]:
             if self.free_slots <= 0 or self.stopping:
                 break
-            rows = await INBOX.claim(self.pool, provider.name, self.free_slots, self.worker_id,
-                                     provider.lease_seconds)
+            rows = await self.pool.fetch(CLAIM_EVENTS, provider.name, self.free_slots, self.worker_id,
+                                         float(provider.lease_seconds))
             for row in rows:
                 self._start(provider, row)
             claimed += len(rows)
