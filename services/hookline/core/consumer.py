@@ -193,8 +193,9 @@ class LeasedConsumer(ABC):
 
     def _slot_freed(self) -> None:
         # Wake the claim loop only once it may claim (what it waits for): woken for every task that
-        # ends, it mostly found too few free slots and slept again, a task switch per event.
-        if self._may_claim():
+        # ends, it mostly found too few free slots and slept again, a task switch per event. Once
+        # set, it stays set until the loop waits again: nothing to work out until then.
+        if not self._slot_free.is_set() and self._may_claim():
             self._slot_free.set()
 
     def _may_claim(self) -> bool:

@@ -453,15 +453,15 @@ class Processor:
         if transition is not None and event.entity_key is None:
             assert provider.ordering is not None
             raise PermanentFailure(f"no entity key at {provider.ordering.entity_key.describe()}")
-        job = Job(event, provider, transition, deferred_since)
         transactional = bool(provider.handler) and load_handler(provider.handler or "").transactional
         if transactional and not alone:
-            return await self._batches_of(provider).run(job)
+            return await self._batches_of(provider).run(Job(event, provider, transition, deferred_since))
         if transactional or transition is not None:
-            return Outcome(await self._in_own_transaction(job))
+            return Outcome(await self._in_own_transaction(Job(event, provider, transition, deferred_since)))
         await self._effect(event, provider, None)
         self._effect_done(event.id)
-        return Outcome(await self._book_effect(event, provider))
+        result = await self._book_effect(event, provider)
+        return DONE if result is Result.DONE else Outcome(result)
 
     async def _in_own_transaction(self, job: Job, pace: Callable[[float], None] | None = None) -> Result:
         """``pace``: told how long the job took in its transaction (its commit not counted)."""

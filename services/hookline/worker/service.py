@@ -142,7 +142,8 @@ class Worker(LeasedConsumer):
 
     def _start(self, provider: Provider, row: asyncpg.Record, *, alone: bool = False) -> None:
         event = Event.from_row(row)
-        deferred_since = row["deferred_since"].timestamp() if row["deferred_since"] else None
+        deferred = row["deferred_since"]
+        deferred_since = deferred.timestamp() if deferred is not None else None
         self.spawn(event.id, self.processor.process(event, provider, deferred_since, alone=alone),
                    provider.lease_seconds, provider.name)
 
