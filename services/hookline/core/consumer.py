@@ -286,6 +286,36 @@ class LeasedConsumer(ABC):
                                     extra={"queue": self.queue.table, "id": id})
 
 
+class HeldConnection:
+    """A pool connection kept between statements by one loop that runs them back to back (a claim loop
+    under a backlog), and given back when the loop goes idle (``release``) or a statement fails (the
+    pool then replaces the connection if it broke). A pool acquire and release cost the worker about
+    as much CPU as a 32-event claim's round trip; a claim loop under load takes one about every
+    millisecond. One loop only: statements on it never overlap."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+        self._conn: asyncpg.pool.PoolConnectionProxy | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._conn is not None
+
+    async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+        if self._conn is None:
+            self._conn = await self._pool.acquire()
+        try:
+            return list(await self._conn.fetch(sql, *args))
+        except BaseException:
+            await self.release()
+            raise
+
+    async def release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await self._pool.release(conn)
+
+
 async def write_completion(write: Callable[[], Awaitable[bool]], lease_seconds: float,
                            context: dict[str, object]) -> bool | None:
     """Write the completion of an effect that has happened: True once written, False when the

@@ -22,7 +22,7 @@ import asyncpg
 
 from hookline.core import db, delivery, metrics
 from hookline.core.batching import Batcher
-from hookline.core.consumer import LeasedConsumer
+from hookline.core.consumer import HeldConnection, LeasedConsumer
 from hookline.core.gc_tuning import tune_gc_for_serving
 from hookline.core.listener import Listener
 from hookline.core.providers import Provider, ProviderRegistry
@@ -97,6 +97,8 @@ class Worker(LeasedConsumer):
         self.processor = Processor(pool, self.session, self.worker_id, self.completer.complete, self.effect_done,
                                    concurrency=concurrency, batch_seconds=batch_seconds)
         self._rotation = 0
+        # The claim loop's connection, kept while it claims back to back.
+        self._claims = HeldConnection(pool)
 
     def providers(self) -> list[Provider]:
         known = self.registry.all()
@@ -121,6 +123,7 @@ class Worker(LeasedConsumer):
 
     async def stop(self) -> None:
         await self.stop_loops()
+        await self._claims.release()
         await self.processor.stop()
         await self.completer.stop()
         await self.session.close()
@@ -156,9 +159,11 @@ class Worker(LeasedConsumer):
         for provider in providers[self._rotation:] + providers[: self._rotation]:
             if self.free_slots <= 0 or self.stopping:
                 break
-            rows = await self.pool.fetch(CLAIM_EVENTS, provider.name, self.free_slots, self.worker_id,
-                                         float(provider.lease_seconds))
+            rows = await self._claims.fetch(CLAIM_EVENTS, provider.name, self.free_slots, self.worker_id,
+                                            float(provider.lease_seconds))
             for row in rows:
                 self._start(provider, row)
             claimed += len(rows)
+        if not claimed:
+            await self._claims.release()  # idle: the connection goes back to the pool until the next claim
         return claimed
