@@ -150,9 +150,9 @@ def configure_receiver_parser(subparsers: Subparsers) -> None:
         "  hookline receiver --processes 4 --max-queued-events 8192\n")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    p.add_argument("--max-batch", type=int, default=16,
+    p.add_argument("--max-batch", type=int, default=32,
                    help="most events stored per transaction; one more connection writes per full batch waiting, "
-                   "so Postgres stores one batch while this process reads the next requests (default 16)")
+                   "so Postgres stores one batch while this process reads the next requests (default 32)")
     p.add_argument("--batch-window-ms", type=float, default=1.0,
                    help="how long a batch waits for more events (default 1 ms)")
     p.add_argument("--db-connections", type=int, default=4,

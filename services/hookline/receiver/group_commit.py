@@ -70,7 +70,7 @@ class Stored:
 
 
 class GroupCommitter:
-    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 16, window: float = 0.001, flushers: int = 4,
+    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 32, window: float = 0.001, flushers: int = 4,
                  max_queued: int | None = None, store_timeout: float = 10.0) -> None:
         self._pool = pool
         self._deadlines = Deadlines(store_timeout)
@@ -88,11 +88,11 @@ class GroupCommitter:
         Under load it is CPU, not round trips, that runs out: a writer per request burst made
         batches of ~10 where one writer makes them of everything that arrived during the last
         write, and each transaction costs Postgres and this process the same whatever its size.
-        But one batch must not take every request in flight either: then this process waits idle
-        for its commit, and Postgres for the next requests to be read. With batches of at most
-        16 (``max_batch``), two or more alternate: bench-receiver, 1 process, 64 connections,
-        0.82 of the ceiling (152 us of CPU per event) against 0.60 (171 us) with 128; with 2
-        processes 0.90 against 0.86.
+        But one batch must not take every request in flight either: then a lone process waits
+        idle for its commit, and Postgres for the next requests to be read. bench-receiver, 64
+        connections: with 1 process, 128 gave 0.60 of the ceiling, 16 0.79-0.83 and 32 0.69-0.83;
+        with 2 processes (one reads while the other commits) 32 gave 0.86-1.00 (137-176 us of
+        CPU per event) against 16's 0.74-0.92 (147-240 us), alternating, 8 rounds each.
         """
         return 1 + self._batcher.queued // self._max_batch
 
