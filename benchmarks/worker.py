@@ -17,7 +17,10 @@ One embedded Postgres for everything, so the ratios compare like with like:
 A drain is timed from the first poll (every 100 ms) that sees the backlog
 shrink until it reaches zero, so interpreter start-up and imports — which
 differ between the three libraries and say nothing about queue throughput —
-are left out; the wall time including start-up is printed too.
+are left out; the wall time including start-up is printed too. Hookline's
+drains are also timed by the server's clock (first claim to last completion,
+as pgbench's own clock times the ceiling): the ratio to the ceiling uses that,
+and prints the polls' ratio beside it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import asyncpg
@@ -99,10 +102,17 @@ class Drain:
     usage: Usage | None = None  # the worker processes' RSS and CPU while draining
     cpu_jobs: int = 0  # finished while usage counted CPU (from the first progress on)
     server: Usage | None = None  # Postgres (every backend) over the same interval
+    # Hookline's drains: the server's clock, first claim -> last completion (see HOOKLINE_CLOCK)
+    clock_seconds: float | None = None
 
     @property
     def rate(self) -> float:
         return self.jobs / self.seconds
+
+    @property
+    def clock_rate(self) -> float:
+        """The rate by the server's clock where it was read (as pgbench times the ceiling), else by the polls."""
+        return self.jobs / self.clock_seconds if self.clock_seconds else self.rate
 
     @property
     def cpu_us(self) -> float:
@@ -202,8 +212,16 @@ async def drain(conn: asyncpg.Connection, remaining_sql: str, args: tuple[object
 
 # --- Hookline ----------------------------------------------------------------------------------------
 
-HOOKLINE_REMAINING = ("SELECT count(*) FROM hookline.inbox "
-                      "WHERE provider = $1 AND status IN ('pending', 'processing')")
+# Each count through its own partial index (claimable, leased): one count over both statuses read every
+# row of the provider, done ones too, 8-16 ms of Postgres CPU per poll at 20,000 events, ten polls a
+# second taken from the drain it measures.
+HOOKLINE_REMAINING = ("SELECT (SELECT count(*) FROM hookline.inbox WHERE status = 'pending' AND provider = $1)"
+                      " + (SELECT count(*) FROM hookline.inbox WHERE status = 'processing' AND provider = $1)")
+# A drain by the server's clock: from the first claim (its transaction's now()) to the last completion's.
+# The 100 ms polls time a drain of about 1.5 s up to two intervals long on average, one at each end; pgbench
+# times the ceiling by its own clock, from its first transaction to its last.
+HOOKLINE_CLOCK = ("SELECT extract(epoch FROM max(processed_at) - min(claimed_at)) FROM hookline.inbox "
+                  "WHERE provider = $1 AND status = 'done'")
 
 
 def hookline_workers(url: str, provider: str, args: argparse.Namespace, log_file: Path
@@ -224,7 +242,9 @@ async def run_hookline(conn: asyncpg.Connection, url: str, provider: str, args: 
                                provider)
     if dead:
         raise RuntimeError(f"{dead} {provider} events went dead (see {log_file})")
-    return result
+    if result.jobs < result.total:
+        return result  # stopped at the time budget: the polls' interval is the measured one
+    return replace(result, clock_seconds=float(await conn.fetchval(HOOKLINE_CLOCK, provider)))
 
 
 # --- Ceiling -----------------------------------------------------------------------------------------
@@ -233,7 +253,9 @@ def ceiling_script(provider: str, batch: int) -> str:
     """The worker's exact claim and complete statements as a two-statement pgbench transaction.
 
     pgbench cannot pass rows between statements, so the claim's RETURNING feeds an
-    aggregate whose two arrays \\gset stores; the complete statement then takes them
+    aggregate whose two arrays \\gset stores (the worker wraps the same claim in worker.sql's
+    ``claimed_events``, which selects the columns it reads: a data-modifying CTE cannot nest, so
+    the script wraps queue.sql's claim itself); the complete statement then takes them
     as its unnest() arrays, just as BatchCompleter passes them. Each statement
     commits on its own, as in the worker.
     """
@@ -599,8 +621,9 @@ def report(results: Results, args: argparse.Namespace) -> list[str]:
         f"ceiling, pgbench claim+complete (same SQL):     {ceiling.rate:>9,.0f} events/s  "
         f"({ceiling.tps:,.0f} tps x batch {args.concurrency}, {clients} clients, "
         f"{ceiling.done:,} rows done in {ceiling.transactions:,} transactions)",
-        f"  ratio hookline/ceiling: {plain.rate / ceiling.rate:.2f} (target >= 0.70); "
-        f"transactional handler {tx.rate / ceiling.rate:.2f}",
+        f"  ratio hookline/ceiling: {plain.clock_rate / ceiling.rate:.2f} (target >= 0.70; the drain by the "
+        f"server's clock, {plain.clock_rate:,.0f} events/s, as pgbench's clock times the ceiling; by the 100 ms "
+        f"polls {plain.rate / ceiling.rate:.2f}); transactional handler {tx.clock_rate / ceiling.rate:.2f}",
     ]
     for peer, result in results.peers:
         lines += peer_lines(peer, result, results, args)
@@ -610,7 +633,8 @@ def report(results: Results, args: argparse.Namespace) -> list[str]:
     lines.append(f"worker RSS under load: largest process {worker_rss:.0f} MB (target <= 100 MB); CPU per event "
                  f"(worker processes while draining): no-op {plain.cpu_us:,.0f} us, (event, conn) no-op "
                  f"{tx.cpu_us:,.0f} us, effect {results.effects[0].hookline.cpu_us:,.0f} us")
-    record(args.results, "worker", "one-parameter no-op / pgbench claim+complete", plain.rate / ceiling.rate, ">= 0.7")
+    record(args.results, "worker", "one-parameter no-op / pgbench claim+complete", plain.clock_rate / ceiling.rate,
+           ">= 0.7")
     record(args.results, "worker", "(event, conn) no-op / one-parameter no-op", tx.rate / plain.rate, ">= 0.5")
     record(args.results, "worker", "worker RSS (largest process)", worker_rss, "<= 100", "MB")
     lines.append(f"latency, receiver 200 -> handler start, {args.latency_rate:g} events/s for "
