@@ -301,11 +301,17 @@ class HeldConnection:
     def held(self) -> bool:
         return self._conn is not None
 
-    async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+    async def connection(self) -> asyncpg.pool.PoolConnectionProxy:
+        """The kept connection (taken from the pool if none is kept). A caller whose statement on it
+        fails must ``release`` it."""
         if self._conn is None:
             self._conn = await self._pool.acquire()
+        return self._conn
+
+    async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+        conn = await self.connection()
         try:
-            return list(await self._conn.fetch(sql, *args))
+            return list(await conn.fetch(sql, *args))
         except BaseException:
             await self.release()
             raise

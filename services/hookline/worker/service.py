@@ -52,8 +52,11 @@ class BatchCompleter:
 
     def __init__(self, pool: asyncpg.Pool, worker_id: str, in_flight: Callable[[], int], max_batch: int = 500,
                  window: float = 0.005) -> None:
-        self._pool = pool
         self._worker_id = worker_id
+        # Its one writer's connection, kept while completions come one batch after another (see
+        # release_if_idle), as the claim loop keeps its own.
+        self._held = HeldConnection(pool)
+        self._writing = False
         self._batcher: Batcher[tuple[int, int], bool] = Batcher(
             self._write, name="completer", max_batch=max_batch, window=window, expected=in_flight)
 
@@ -62,6 +65,12 @@ class BatchCompleter:
 
     async def stop(self) -> None:
         await self._batcher.stop()
+        await self._held.release()
+
+    async def release_if_idle(self) -> None:
+        """Give the writer's connection back if no completion is being written or waits for one."""
+        if not self._writing and not self._batcher.queued:
+            await self._held.release()
 
     @property
     def backlog(self) -> int:
@@ -72,7 +81,14 @@ class BatchCompleter:
         return await self._batcher.submit((id, attempts))
 
     async def _write(self, items: list[tuple[int, int]]) -> list[bool]:
-        done = await INBOX.complete(self._pool, items, self._worker_id)
+        self._writing = True
+        try:
+            done = await INBOX.complete(await self._held.connection(), items, self._worker_id)
+        except BaseException:
+            await self._held.release()  # the pool replaces it if it broke
+            raise
+        finally:
+            self._writing = False
         return [id in done for id, _ in items]
 
 
@@ -165,5 +181,8 @@ class Worker(LeasedConsumer):
                 self._start(provider, row)
             claimed += len(rows)
         if not claimed:
-            await self._claims.release()  # idle: the connection goes back to the pool until the next claim
+            # Idle: the connections go back to the pool until the next claim (the completer's once its
+            # last completion is written: an empty claim round comes every poll interval while idle).
+            await self._claims.release()
+            await self.completer.release_if_idle()
         return claimed
