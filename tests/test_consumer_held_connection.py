@@ -15,11 +15,11 @@ BACKEND = "SELECT pg_backend_pid() AS pid"
 
 
 async def test_kept_between_statements_and_given_back(database_url: str) -> None:
-    pool = await db.create_pool(database_url, min_size=2, max_size=2, lean=True)
+    pool = await db.create_pool(database_url, min_size=2, max_size=3, lean=True)
     held = HeldConnection(pool)
     try:
         first = await held.fetch(BACKEND)
-        async with pool.acquire() as other:  # the pool's other connection is the only one left
+        async with pool.acquire() as other:  # one more in use: the pool could still open a third
             assert await other.fetchval(BACKEND) != first[0]["pid"]
             assert (await held.fetch(BACKEND))[0]["pid"] == first[0]["pid"]  # the same connection, kept
         assert held.held and pool.get_idle_size() == 1
@@ -32,17 +32,29 @@ async def test_kept_between_statements_and_given_back(database_url: str) -> None
 
 
 async def test_a_failed_statement_gives_the_connection_back(database_url: str) -> None:
-    pool = await db.create_pool(database_url, min_size=1, max_size=1, lean=True)
+    pool = await db.create_pool(database_url, min_size=2, max_size=2, lean=True)
     held = HeldConnection(pool)
     try:
         await held.fetch(BACKEND)
         with pytest.raises(asyncpg.DivisionByZeroError):
             await held.fetch("SELECT 1 / 0")
-        assert not held.held
-        # The pool's only connection is free again: another user gets it, and the next fetch takes it back.
-        async with pool.acquire() as conn:
-            assert await conn.fetchval("SELECT 1") == 1
+        assert not held.held and pool.get_idle_size() == 2
         assert (await held.fetch("SELECT 2 AS n"))[0]["n"] == 2 and held.held
+    finally:
+        await held.release()
+        await pool.close()
+
+
+async def test_given_back_when_the_pool_has_no_other_connection(database_url: str) -> None:
+    pool = await db.create_pool(database_url, min_size=2, max_size=2, lean=True)
+    held = HeldConnection(pool)
+    try:
+        await held.fetch(BACKEND)
+        assert held.held
+        async with pool.acquire() as other:  # e.g. a handler's transaction: now nothing is left for others
+            await held.fetch(BACKEND)
+            assert not held.held and pool.get_idle_size() == 1  # given back after its statement
+            assert await other.fetchval("SELECT 1") == 1
     finally:
         await held.release()
         await pool.close()

@@ -125,9 +125,11 @@ async def worker(args: argparse.Namespace) -> int:
         return _fail("--concurrency must be at least 1")
     # Connections open as load asks for them (an idle worker holds a few), up to the size the operator's
     # connection budget counts per worker pod: the pool, the shared LISTEN and the maintenance leader's lock.
-    # A sweeping worker also takes part in the partition manager's election (one more lock connection).
-    pool = await db.create_pool(min_size=2, max_size=pools.pool_size(pools.worker(args.concurrency),
-                                                                  locks=2 if args.sweep else 1),
+    # A sweeping worker also takes part in the partition manager's election: one more lock connection,
+    # on top of the budget (the operator starts no sweeping workers), so its pool is as large as any.
+    locks = 2 if args.sweep else 1
+    pool = await db.create_pool(min_size=2, max_size=pools.pool_size(pools.worker(args.concurrency) + locks - 1,
+                                                                  locks=locks),
                                 lean=True, generic_plans=True)
     listener = Listener(DedicatedConnection())
     await listener.start()

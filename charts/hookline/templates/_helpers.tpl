@@ -306,9 +306,9 @@ sum); tests/chart checks it against hookline.core.pools, where the services size
 {{- define "hookline.workerConnectionBudget" -}}
 {{- $max := int .Values.database.maxConnections -}}
 {{- $fixed := int (include "hookline.fixedConnections" .) -}}
-{{- $perWorker := add (int .Values.worker.concurrency) 4 -}}
+{{- $perWorker := add (int .Values.worker.concurrency) 5 -}}
 {{- if lt (sub $max $fixed) $perWorker }}
-{{- fail (printf "database.maxConnections=%d leaves no room for a worker pod: receiver, relay, operator and migrations may hold %d connections, and one worker pod needs %d (worker.concurrency + 4); raise database.maxConnections or lower the replicas or pool sizes" $max $fixed $perWorker) }}
+{{- fail (printf "database.maxConnections=%d leaves no room for a worker pod: receiver, relay, operator and migrations may hold %d connections, and one worker pod needs %d (worker.concurrency + 5); raise database.maxConnections or lower the replicas or pool sizes" $max $fixed $perWorker) }}
 {{- end }}
 {{- sub $max $fixed -}}
 {{- end }}

@@ -291,7 +291,9 @@ class HeldConnection:
     under a backlog), and given back when the loop goes idle (``release``) or a statement fails (the
     pool then replaces the connection if it broke). A pool acquire and release cost the worker about
     as much CPU as a 32-event claim's round trip; a claim loop under load takes one about every
-    millisecond. One loop only: statements on it never overlap."""
+    millisecond. Never the pool's last connection: after each statement it goes back if no other
+    one is left (transactional handlers hold the rest), so the heartbeat and the other loops still
+    get one. One loop only: statements on it never overlap."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
@@ -311,10 +313,18 @@ class HeldConnection:
     async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
         conn = await self.connection()
         try:
-            return list(await conn.fetch(sql, *args))
+            rows = list(await conn.fetch(sql, *args))
         except BaseException:
             await self.release()
             raise
+        await self.done()
+        return rows
+
+    async def done(self) -> None:
+        """A statement on the kept connection has ended: keep it, unless the pool has no other left."""
+        pool = self._pool
+        if self._conn is not None and pool.get_idle_size() == 0 and pool.get_size() >= pool.get_max_size():
+            await self.release()
 
     async def release(self) -> None:
         conn, self._conn = self._conn, None

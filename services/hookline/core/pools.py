@@ -13,8 +13,11 @@ RECEIVER_EXTRA = 2
 # The relay's pool: its claim/complete loops and maintenance need few more than 16 however many
 # deliveries are in flight (those wait on HTTP, not on Postgres).
 RELAY_CAP, RELAY_EXTRA = 16, 4
-# Beyond the worker's concurrency: completer and heartbeat, stats and the registry, LISTEN and the leader lock.
-WORKER_EXTRA = 4
+# Beyond the worker's concurrency (one connection per transactional handler): the claim loop's and the
+# completer's, each kept while it works back to back (core/consumer.py HeldConnection), one for the
+# heartbeat, stats and the registry, and the LISTEN and leader lock connections. With every handler in a
+# transaction, the heartbeat must still get one, or long handlers lose their leases.
+WORKER_EXTRA = 5
 OPERATOR = 5  # its pool and, outside it, the maintenance leader's lock
 
 

@@ -89,6 +89,7 @@ class BatchCompleter:
             raise
         finally:
             self._writing = False
+        await self._held.done()
         return [id in done for id, _ in items]
 
 
