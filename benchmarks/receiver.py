@@ -143,8 +143,9 @@ async def drive_wrk(port: int, requests: list[bytes], connections: int, seconds:
         raise RuntimeError(f"unexpected wrk output:\n{out}")
     elapsed = float(total.group(2)) * (60 if total.group(3) == "m" else 1)
     non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    p50 = re.search(r"50%\s+(\S+)", out)
-    p99 = re.search(r"99%\s+(\S+)", out)
+    # The distribution's own lines: "+/- Stdev" percentages such as 78.99% elsewhere end in "99%" too.
+    p50 = re.search(r"^\s*50%\s+(\S+)", out, re.MULTILINE)
+    p99 = re.search(r"^\s*99%\s+(\S+)", out, re.MULTILINE)
     return Load(int(total.group(1)), int(non_2xx.group(1)) if non_2xx else 0, elapsed,
                 _milliseconds(p50.group(1)) if p50 else float("nan"),
                 _milliseconds(p99.group(1)) if p99 else float("nan"))
