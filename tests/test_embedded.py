@@ -3,13 +3,15 @@ permissions of nothing outside its data directory."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from hookline.core.embedded import PASSWORD_FILE, EmbeddedPostgres
+from hookline.core.embedded import OWNER_PID_FILE, PASSWORD_FILE, EmbeddedPostgres, ServerInUse, free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -63,3 +65,54 @@ async def test_as_root_the_server_runs_without_root_groups(tmp_path: Path) -> No
         assert "0" not in groups
     finally:
         server.stop("immediate")
+
+
+# Starts a server in DATA_DIR on PORT, says so, then waits to be killed without stopping it.
+OWNER = """
+import sys, time
+from hookline.core.embedded import EmbeddedPostgres
+EmbeddedPostgres(sys.argv[1], port=int(sys.argv[2])).start()
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (an exited process that nobody has reaped yet does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def postmaster_pid(server: EmbeddedPostgres) -> int:
+    return int((server.pgdata / "postmaster.pid").read_text().split()[0])
+
+
+async def test_a_server_left_by_a_killed_process_is_stopped_and_one_still_in_use_is_not(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    port = free_port()
+    owner = await asyncio.create_subprocess_exec(sys.executable, "-c", OWNER, str(data_dir), str(port),
+                                                 stdout=asyncio.subprocess.PIPE)
+    try:
+        assert owner.stdout is not None and (await owner.stdout.readline()).strip() == b"started"
+        server = EmbeddedPostgres(data_dir, port=port)  # as the next `hookline dev` would
+        orphan = postmaster_pid(server)
+        # Its owner still runs: the server is not ours to stop, and the error says whose it is.
+        with pytest.raises(ServerInUse, match=f"process {owner.pid}"):
+            server.start()
+        conn = await asyncpg.connect(server.url)  # untouched
+        await conn.close()
+        owner.kill()  # as a closed terminal or kill -9 would: the server outlives it
+        await owner.wait()
+        url = server.start()
+        assert postmaster_pid(server) != orphan and not running(orphan)
+        conn = await asyncpg.connect(url)
+        assert await conn.fetchval("SELECT 1") == 1
+        await conn.close()
+    finally:
+        if owner.returncode is None:
+            owner.kill()
+            await owner.wait()
+        EmbeddedPostgres(data_dir, port=port).stop("immediate")
+    assert not (data_dir / OWNER_PID_FILE).exists()

@@ -8,6 +8,7 @@ import importlib.resources
 import json
 import logging
 import shlex
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -136,7 +137,11 @@ async def run_dev(args: argparse.Namespace) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     server = EmbeddedPostgres(data_dir, port=_stable_port(data_dir))
     log.info("starting embedded Postgres", extra={"data_dir": str(data_dir)})
-    await asyncio.to_thread(server.start)
+    try:
+        await asyncio.to_thread(server.start)
+    except RuntimeError as exc:  # another dev owns it, or Postgres would not start: its log says why
+        print(f"hookline dev: {exc}", file=sys.stderr)
+        return 1
     try:
         await _ensure_database(server.url)
         url = server.url_for(DATABASE)

@@ -12,12 +12,17 @@ has its permissions changed. Postgres refuses to run as root, so as root the ser
 runs as an unprivileged system user; when that user cannot reach the data directory
 (a parent is private to root), the cluster lives in a directory of its own under the
 system temp directory instead, linked from ``<data dir>/pgdata``.
+
+A server outlives a process killed before it could stop it (``kill -9``, a closed terminal
+without job control): the next start stops such an orphan, and refuses to touch a server whose
+starting process still runs (``<data dir>/owner.pid``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import pwd
 import secrets
@@ -29,12 +34,20 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 SYSTEM_USER = "hookline_pg"
 PASSWORD_FILE = "postgres.password"
 # As root, a cluster whose data dir the system user cannot reach lives in <tmp>/hookline-pg-*,
 # which names its data dir in HOME_OWNER_FILE (so that orphans can be told apart and removed).
 HOME_PREFIX = "hookline-pg-"
 HOME_OWNER_FILE = "data-dir"
+# The process that started the server, written at start and removed at stop.
+OWNER_PID_FILE = "owner.pid"
+
+
+class ServerInUse(RuntimeError):
+    """The data directory's server was started by a process that is still running."""
 
 
 def free_port() -> int:
@@ -226,15 +239,37 @@ class EmbeddedPostgres:
         self._check_binaries()
         if not self.initialized():
             self._initdb()
+        self._stop_orphan()
         options = (
             f"-c listen_addresses=127.0.0.1 -p {self.port} -c unix_socket_directories='' "
             "-c max_connections=200 -c shared_buffers=128MB -c fsync=on"
         )
         self._run("pg_ctl", "-D", str(self.pgdata), "-l", str(self._home / "postgres.log"),
                   "-o", options, "-w", "-t", "60", "start")
+        (self.data_dir / OWNER_PID_FILE).write_text(f"{os.getpid()}\n")
         if not (self.data_dir / PASSWORD_FILE).exists():
             self._secure_trusting_cluster()
         return self.url
+
+    def _stop_orphan(self) -> None:
+        """Stop a server left running in this data dir by a process that has ended without stopping it."""
+        if not self.running() or not self._answers():
+            return  # nothing runs (pg_ctl start clears a stale postmaster.pid itself)
+        owner = _live_pid(self.data_dir / OWNER_PID_FILE)
+        if owner is not None and owner != os.getpid():
+            raise ServerInUse(f"the Postgres server in {self.data_dir} belongs to process {owner}, which is "
+                              "still running (another `hookline dev`?); stop that one first or use another "
+                              f"--data-dir (if that pid is some other program now, remove "
+                              f"{self.data_dir / OWNER_PID_FILE})")
+        log.warning("stopping a Postgres server left running by a process that ended without stopping it",
+                    extra={"data_dir": str(self.data_dir)})
+        self._run("pg_ctl", "-D", str(self.pgdata), "-m", "fast", "-w", "-t", "60", "stop")
+
+    def _answers(self) -> bool:
+        """Whether a postmaster runs for pgdata (pg_ctl status: 0 running, 3 not running)."""
+        result = subprocess.run([str(binary("pg_ctl")), "-D", str(self.pgdata), "status"], capture_output=True,
+                                check=False, **self._identity())
+        return result.returncode == 0
 
     def running(self) -> bool:
         return (self.pgdata / "postmaster.pid").exists()
@@ -242,3 +277,16 @@ class EmbeddedPostgres:
     def stop(self, mode: str = "fast") -> None:
         if self.running():
             self._run("pg_ctl", "-D", str(self.pgdata), "-m", mode, "-w", "-t", "60", "stop")
+        (self.data_dir / OWNER_PID_FILE).unlink(missing_ok=True)
+
+
+def _live_pid(path: Path) -> int | None:
+    """The pid in ``path`` if that process still runs."""
+    try:
+        pid = int(path.read_text().split()[0])
+        os.kill(pid, 0)
+    except PermissionError:  # it runs, as another user
+        return pid
+    except (OSError, ValueError, IndexError):  # no file, no such process, not a pid
+        return None
+    return pid
