@@ -38,10 +38,13 @@ async def test_competing_providers_share_the_budget(apiserver: ApiServer, namesp
     seen_total = 0
 
     def observe() -> dict[str, int]:
-        # The Deployments' replicas are what the budget bounds; every look checks the bound.
+        # The Deployments' replicas are what the budget bounds; every look checks the bound. One list is
+        # one moment: reading them one by one could see one before and the other after a hand-over.
         nonlocal seen_total
+        listed = kget(apiserver, namespace, "deployment")["items"]
+        found = {d["metadata"]["name"]: d["spec"]["replicas"] for d in listed}
         for name in names:
-            replicas[name] = kget(apiserver, namespace, "deployment", f"{name}-worker")["spec"]["replicas"]
+            replicas[name] = found[f"{name}-worker"]
         seen_total = max(seen_total, sum(replicas.values()))
         assert sum(replicas.values()) * PER_REPLICA <= BUDGET, replicas
         return dict(replicas)
