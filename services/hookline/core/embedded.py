@@ -261,8 +261,9 @@ class EmbeddedPostgres:
                               "still running (another `hookline dev`?); stop that one first or use another "
                               f"--data-dir (if that pid is some other program now, remove "
                               f"{self.data_dir / OWNER_PID_FILE})")
-        log.warning("stopping a Postgres server left running by a process that ended without stopping it",
-                    extra={"data_dir": str(self.data_dir)})
+        if owner is None:  # else this process started it: a restart
+            log.warning("stopping a Postgres server left running by a process that ended without stopping it",
+                        extra={"data_dir": str(self.data_dir)})
         self._run("pg_ctl", "-D", str(self.pgdata), "-m", "fast", "-w", "-t", "60", "stop")
 
     def _answers(self) -> bool:
