@@ -3,6 +3,9 @@ statements and given back when the loop goes idle or a statement fails. Real poo
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import asyncpg
 import pytest
 
@@ -14,10 +17,20 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 BACKEND = "SELECT pg_backend_pid() AS pid"
 
 
-async def test_kept_between_statements_and_given_back(database_url: str) -> None:
-    pool = await db.create_pool(database_url, min_size=2, max_size=3, lean=True)
+@contextlib.asynccontextmanager
+async def held_on(database_url: str, size: int, max_size: int
+                  ) -> AsyncIterator[tuple[asyncpg.Pool, HeldConnection]]:
+    pool = await db.create_pool(database_url, min_size=size, max_size=max_size, lean=True)
     held = HeldConnection(pool)
     try:
+        yield pool, held
+    finally:
+        await held.release()
+        await pool.close()
+
+
+async def test_kept_between_statements_and_given_back(database_url: str) -> None:
+    async with held_on(database_url, 2, 3) as (pool, held):
         first = await held.fetch(BACKEND)
         async with pool.acquire() as other:  # one more in use: the pool could still open a third
             assert await other.fetchval(BACKEND) != first[0]["pid"]
@@ -26,35 +39,22 @@ async def test_kept_between_statements_and_given_back(database_url: str) -> None
         await held.release()
         assert not held.held and pool.get_idle_size() == 2
         await held.release()  # nothing held: nothing to do
-    finally:
-        await held.release()
-        await pool.close()
 
 
 async def test_a_failed_statement_gives_the_connection_back(database_url: str) -> None:
-    pool = await db.create_pool(database_url, min_size=2, max_size=2, lean=True)
-    held = HeldConnection(pool)
-    try:
+    async with held_on(database_url, 2, 2) as (pool, held):
         await held.fetch(BACKEND)
         with pytest.raises(asyncpg.DivisionByZeroError):
             await held.fetch("SELECT 1 / 0")
         assert not held.held and pool.get_idle_size() == 2
         assert (await held.fetch("SELECT 2 AS n"))[0]["n"] == 2 and held.held
-    finally:
-        await held.release()
-        await pool.close()
 
 
 async def test_given_back_when_the_pool_has_no_other_connection(database_url: str) -> None:
-    pool = await db.create_pool(database_url, min_size=2, max_size=2, lean=True)
-    held = HeldConnection(pool)
-    try:
+    async with held_on(database_url, 2, 2) as (pool, held):
         await held.fetch(BACKEND)
         assert held.held
         async with pool.acquire() as other:  # e.g. a handler's transaction: now nothing is left for others
             await held.fetch(BACKEND)
             assert not held.held and pool.get_idle_size() == 1  # given back after its statement
             assert await other.fetchval("SELECT 1") == 1
-    finally:
-        await held.release()
-        await pool.close()

@@ -242,3 +242,15 @@ async def test_one_event_by_its_id_is_an_index_probe_per_partition(planner: asyn
     assert await partitioned_indexes(planner, {n["Index Name"] for n in plan if "Index Name" in n}) == {
         "inbox_event_idx"}
     assert not await nonempty(planner, {n["Relation Name"] for n in plan if n["Node Type"] == "Seq Scan"})
+
+
+def test_a_claim_goes_only_into_its_own_queues_stand_in() -> None:
+    from hookline.core.queue import INBOX, OUTBOX
+
+    wrapper = "WITH claimed AS (\n    SELECT * FROM hookline.inbox WHERE false\n)\nSELECT id FROM claimed;"
+    composed = INBOX.claim_within(wrapper)
+    assert "WHERE false" not in composed and INBOX.sql("claim").rstrip().removesuffix(";") in composed
+    with pytest.raises(ValueError, match=r"hookline\.deliveries WHERE false' once"):
+        OUTBOX.claim_within(wrapper)  # the outbox's claim never lands in a statement written for the inbox
+    with pytest.raises(ValueError, match="once"):
+        INBOX.claim_within(wrapper.replace("SELECT id FROM claimed", "SELECT * FROM hookline.inbox WHERE false"))

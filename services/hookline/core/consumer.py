@@ -32,7 +32,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -43,6 +43,8 @@ from hookline.core.queue import Queue
 from hookline.core.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SUSPECT_CHECK_INTERVAL = 1.0  # seconds between "is a suspect due?" probes (one index probe each)
 
@@ -303,28 +305,23 @@ class HeldConnection:
     def held(self) -> bool:
         return self._conn is not None
 
-    async def connection(self) -> asyncpg.pool.PoolConnectionProxy:
-        """The kept connection (taken from the pool if none is kept). A caller whose statement on it
-        fails must ``release`` it."""
+    async def run(self, statement: Callable[[asyncpg.pool.PoolConnectionProxy], Awaitable[T]]) -> T:
+        """``statement`` on the kept connection (taken from the pool if none is kept). It goes back when
+        the statement fails, and after it when the pool has no other connection left."""
         if self._conn is None:
             self._conn = await self._pool.acquire()
-        return self._conn
-
-    async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
-        conn = await self.connection()
         try:
-            rows = list(await conn.fetch(sql, *args))
+            result = await statement(self._conn)
         except BaseException:
             await self.release()
             raise
-        await self.done()
-        return rows
-
-    async def done(self) -> None:
-        """A statement on the kept connection has ended: keep it, unless the pool has no other left."""
         pool = self._pool
-        if self._conn is not None and pool.get_idle_size() == 0 and pool.get_size() >= pool.get_max_size():
+        if pool.get_idle_size() == 0 and pool.get_size() >= pool.get_max_size():
             await self.release()
+        return result
+
+    async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+        return await self.run(lambda conn: conn.fetch(sql, *args))
 
     async def release(self) -> None:
         conn, self._conn = self._conn, None

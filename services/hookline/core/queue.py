@@ -117,6 +117,15 @@ class Queue:
         """Every statement as this queue runs it, by name."""
         return dict(self._sql)
 
+    def claim_within(self, wrapper: str, claim: str = "claim") -> str:
+        """``wrapper`` with this queue's ``claim`` (or ``claim_ordered``) in place of its stand-in
+        ``SELECT * FROM <table> WHERE false``: the claimed rows come back in the columns, and with the
+        joins, the wrapper selects, in the claim's one round trip (its RETURNING is the whole row)."""
+        stand_in = f"SELECT * FROM {self.table} WHERE false"
+        if wrapper.count(stand_in) != 1:
+            raise ValueError(f"a statement wrapping the claim of {self.table} must hold {stand_in!r} once")
+        return wrapper.replace(stand_in, self.sql(claim).rstrip().removesuffix(";"))
+
     async def claim(self, conn: asyncpg.Connection | asyncpg.Pool, partition: str, limit: int, worker: str,
                     lease_seconds: float, *, ordered: bool = False) -> list[asyncpg.Record]:
         """Lease up to ``limit`` due rows of ``partition`` to ``worker`` (see ``claim`` in queue.sql)."""

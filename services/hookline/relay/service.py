@@ -83,23 +83,11 @@ def envelope(event_type: str, timestamp: str, payload_json: str) -> bytes:
     return f'{{"type":{event_type_json},"timestamp":"{timestamp}","data":{payload_json}}}'.encode()
 
 
-CLAIM_STAND_IN = "SELECT * FROM hookline.deliveries WHERE false"  # in claimed_with_events as written
-
-
-def claim_with_events(claim: str) -> str:
-    """The relay's claim statement: outbox.sql's ``claimed_with_events`` with queue.sql's ``claim`` (or
-    ``claim_ordered``) of the outbox in place of its stand-in, so that the claim returns each delivery's event."""
-    statement = _claims_with_events.get(claim)
-    if statement is None:
-        written = outbox.query("claimed_with_events")
-        if written.count(CLAIM_STAND_IN) != 1:
-            raise ValueError(f"claimed_with_events in outbox.sql must hold {CLAIM_STAND_IN!r} once")
-        statement = written.replace(CLAIM_STAND_IN, claim.rstrip().removesuffix(";"))
-        _claims_with_events[claim] = statement
-    return statement
-
-
-_claims_with_events: dict[str, str] = {}  # the outbox's two claims, composed once each
+# The relay's claims, by whether the endpoint is ordered: outbox.sql's claimed_with_events around queue.sql's
+# claim (or claim_ordered) of the outbox, so that each claimed delivery comes back with its event.
+CLAIMS_WITH_EVENTS = {ordered: OUTBOX.claim_within(outbox.query("claimed_with_events"),
+                                                   "claim_ordered" if ordered else "claim")
+                      for ordered in (False, True)}
 
 
 @dataclass(slots=True)  # one per attempt, as Claimed
@@ -382,7 +370,7 @@ class Relay(LeasedConsumer):
     async def _claim(self, conn: asyncpg.Connection, endpoint: Endpoint, limit: int) -> list[asyncpg.Record]:
         """The queue claim (due retries first: see claim in queue.sql), each delivery with its event
         (``claimed_with_events``); none when the endpoint was deleted just now, its deliveries with it."""
-        sql = claim_with_events(OUTBOX.sql("claim_ordered" if endpoint.ordered else "claim"))
+        sql = CLAIMS_WITH_EVENTS[endpoint.ordered]
         return list(await conn.fetch(sql, endpoint.name, limit, self.worker_id, float(self.lease_seconds)))
 
     def _start_claimed(self, endpoint: Endpoint, rows: Sequence[Mapping[str, Any]], *, probe: bool = False) -> None:

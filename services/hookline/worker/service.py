@@ -32,19 +32,8 @@ from hookline.worker.processing import Processor
 
 log = logging.getLogger(__name__)
 
-CLAIM_STAND_IN = "SELECT * FROM hookline.inbox WHERE false"  # in worker.sql's claimed_events as written
-
-
-def claimed_events(claim: str) -> str:
-    """worker.sql's ``claimed_events`` with ``claim`` (queue.sql's claim of the inbox) in place of its stand-in."""
-    written = db.query("claimed_events", "worker.sql")
-    if written.count(CLAIM_STAND_IN) != 1:
-        raise ValueError(f"claimed_events in worker.sql must hold {CLAIM_STAND_IN!r} once")
-    return written.replace(CLAIM_STAND_IN, claim.rstrip().removesuffix(";"))
-
-
 # The claim a worker runs: the inbox's claim, returning only the columns the worker reads.
-CLAIM_EVENTS = claimed_events(INBOX.sql("claim"))
+CLAIM_EVENTS = INBOX.claim_within(db.query("claimed_events", "worker.sql"))
 
 
 class BatchCompleter:
@@ -83,13 +72,9 @@ class BatchCompleter:
     async def _write(self, items: list[tuple[int, int]]) -> list[bool]:
         self._writing = True
         try:
-            done = await INBOX.complete(await self._held.connection(), items, self._worker_id)
-        except BaseException:
-            await self._held.release()  # the pool replaces it if it broke
-            raise
+            done = await self._held.run(lambda conn: INBOX.complete(conn, items, self._worker_id))
         finally:
             self._writing = False
-        await self._held.done()
         return [id in done for id, _ in items]
 
 

@@ -104,8 +104,8 @@ WHERE o.id = ANY($1::bigint[]) AND e.name = $2;
 
 -- name: claimed_with_events
 -- The relay's claim in one round trip: queue.sql's claim of the outbox (claim or claim_ordered,
--- as rendered for deliveries) takes the place of the stand-in below (relay/service.py,
--- claim_with_events), and each claimed delivery comes back with its event, as claimed_events
+-- as rendered for deliveries) takes the place of the stand-in below (Queue.claim_within,
+-- relay/service.py CLAIMS_WITH_EVENTS), and each claimed delivery comes back with its event, as claimed_events
 -- gives it, in only the columns the relay uses. Two statements per claim, and decoding every
 -- column of the claimed rows (four timestamps each), cost the relay more CPU per delivery
 -- than the claim's own work. A delivery's created_at is its event's (migration 0018).

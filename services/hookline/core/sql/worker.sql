@@ -2,7 +2,7 @@
 
 -- name: claimed_events
 -- The worker's claim: queue.sql's claim as rendered for the inbox takes the place of
--- the stand-in below (worker/service.py, CLAIM_EVENTS), and each claimed event comes
+-- the stand-in below (Queue.claim_within, worker/service.py CLAIM_EVENTS), and each claimed event comes
 -- back in only the columns the worker reads (Event.from_row and the deferral clock).
 -- The claim's own RETURNING is the whole row (19 columns, four timestamps among them):
 -- decoding that cost the worker about a tenth of its CPU per event in a no-op drain.
