@@ -381,6 +381,43 @@ leaseSeconds: 2
     assert await effects.fetchval("SELECT count(*) FROM test_calls") == 1
 
 
+async def test_heartbeat_keeps_leases_while_every_slot_holds_a_transaction(database_url, effects, log_dir) -> None:
+    """Every handler slot holds a pooled connection in an open transaction for longer than the lease:
+    the heartbeat must still get a connection of its own (pools.WORKER_EXTRA), or the leases lapse and
+    the events are taken back and run again."""
+    apply_provider(database_url, "busy", """
+signature: {scheme: none}
+handler: "support.handlers:record_effect_slowly"
+leaseSeconds: 2
+""")
+    apply_provider(database_url, "idle", 'signature: {scheme: none}\nhandler: "support.handlers:record_effect"')
+    slots, events = 3, 6
+    await insert_events(effects, "busy", events)
+    # The sweeper runs in a worker of its own (one for another provider), so that it never waits for
+    # the busy worker's pool: it would take back any lease that lapsed.
+    sweeper = worker(database_url, log_dir, "--sweep", "--provider", "idle")
+    busy = worker(database_url, log_dir, "--concurrency", str(slots), "--provider", "busy",
+                  env={"TEST_HANDLER_SLEEP": "5"})
+    try:
+        in_transaction = ("SELECT count(*) >= $1 FROM pg_stat_activity WHERE datname = current_database() "
+                          "AND state = 'idle in transaction'")
+        await wait_for(effects, "SELECT count(*) FROM hookline.inbox WHERE status = 'processing'", slots, timeout=15)
+        await wait_for(effects, in_transaction, True, slots, timeout=10)
+        first_expiry = await effects.fetchval("SELECT max(lease_expires_at) FROM hookline.inbox "
+                                              "WHERE status = 'processing'")
+        # Two lease lengths past the first expiry, every slot still in its transaction: extended, not lapsed.
+        await wait_for(effects, "SELECT min(lease_expires_at) > $1::timestamptz + make_interval(secs => 2) "
+                                "FROM hookline.inbox WHERE status = 'processing'", True, first_expiry, timeout=10)
+        await wait_for(effects, ALL_DONE, 0, timeout=60)
+    finally:
+        busy.stop()
+        sweeper.stop()
+    rows = await effects.fetch("SELECT status, attempts, suspect FROM hookline.inbox")
+    assert {(r["status"], r["attempts"], r["suspect"]) for r in rows} == {("done", 1, False)}
+    assert await effects.fetchval("SELECT count(*) FROM test_calls") == events
+    assert await effect_counts(effects) == (events, events)
+
+
 async def test_a_worker_that_lost_its_lease_does_not_commit(database_url, effects, log_dir) -> None:
     apply_provider(database_url, "lost", 'signature: {scheme: none}\nhandler: "support.handlers:external_effect"')
     gate = log_dir / "gate"

@@ -110,21 +110,33 @@ class Batcher(Generic[T, R]):
 
     async def submit(self, item: T) -> R:
         """Wait for ``item``'s result; raises :class:`BatcherFull` at once when the queue is full."""
+        future = self.enqueue(item)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.withdraw(future)
+            raise
+
+    def enqueue(self, item: T) -> asyncio.Future[R]:
+        """Queue ``item`` and return the future its result will be set on, for a caller that is
+        not a task of its own (the receiver's short lane); raises :class:`BatcherFull` at once.
+        A caller that gives up (cancels the future or sets its exception) calls :meth:`withdraw`."""
         if self._max_queued is not None and len(self._queue) >= self._max_queued:
             raise BatcherFull(f"{self._name}: {len(self._queue)} items queued already")
-        waiter: _Waiter[T, R] = _Waiter(item, asyncio.get_running_loop().create_future())
-        self._queue.append(waiter)
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Waiter(item, future))
         self._started(1)
         self._wake_one_writer()
-        try:
-            return await waiter.future
-        except asyncio.CancelledError:
-            # Given up before a writer took it: leave the queue (a batch already being written
-            # cannot be recalled; its result is then simply not delivered).
-            with contextlib.suppress(ValueError):
+        return future
+
+    def withdraw(self, future: asyncio.Future[R]) -> None:
+        """Take a given-up item out of the queue at once, so it takes no room and is not written
+        (a batch already being written cannot be recalled; its result is then not delivered)."""
+        for waiter in self._queue:
+            if waiter.future is future:
                 self._queue.remove(waiter)
                 self._finished(1)
-            raise
+                return
 
     def _started(self, n: int) -> None:
         self._unfinished += n

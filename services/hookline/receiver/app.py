@@ -15,6 +15,7 @@ the connection handler (``connection``); the rest through aiohttp and the dispat
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import hashlib
@@ -33,9 +34,17 @@ from hookline.core.batching import BatcherFull
 from hookline.core.gc_tuning import tune_gc_for_serving
 from hookline.core.providers import Provider, ProviderRegistry
 from hookline.core.signatures import SignatureError, signature_headers_for, verify
-from hookline.receiver.connection import WEBHOOKS_PREFIX, WebhookConnection
-from hookline.receiver.group_commit import GroupCommitter, InboxRow, is_data_error
-from hookline.receiver.intake import BodyLimits, BufferBudget, ClientGone, Incoming, Refused, read_body
+from hookline.receiver.connection import WEBHOOKS_PREFIX, WebhookConnection, internal_error
+from hookline.receiver.group_commit import GroupCommitter, InboxRow, Stored, is_data_error
+from hookline.receiver.intake import (
+    BodyLimits,
+    BufferBudget,
+    ClientGone,
+    Incoming,
+    Refused,
+    read_body,
+    take_buffered_body,
+)
 from hookline.receiver.validation import (
     BadEvent,
     JsonBody,
@@ -137,27 +146,97 @@ class Intake:
     async def receive(self, request: Incoming, name: str) -> web.Response:
         started = time.perf_counter()
         provider = self.registry.get(name)
-        label = name if provider else "unknown"
         response = await self._receive(request, name, provider)
-        metrics.child(metrics.inbox_received, label, response.get("outcome", str(response.status))).inc()
-        metrics.child(metrics.receiver_latency, label).observe(time.perf_counter() - started)
+        self._count(name if provider else "unknown", response, started)
         return response
 
-    async def _receive(self, request: Incoming, name: str, provider: Provider | None) -> web.Response:
+    def receive_now(self, request: Incoming, name: str, respond: Callable[[web.Response], None]) -> None:
+        """:meth:`receive` without a task of its own, for a request whose body came whole with its
+        headers (the short lane, ``connection``): everything up to the group commit runs now, and
+        ``respond`` gets the answer at once when it is a refusal, else once the batch has committed.
+        On this path a task per request, with its chain of coroutines, cost more CPU than the
+        verifying and checking that follow."""
+        started = time.perf_counter()
+        provider = self.registry.get(name)
+        label = name if provider else "unknown"
+
+        def answer(response: web.Response) -> None:
+            self._count(label, response, started)
+            respond(response)
+
+        wrong_target = self._wrong_target(request, name, provider)
+        if wrong_target is not None:
+            return answer(wrong_target)
+        assert provider is not None
+        try:
+            lease = self.budget.open()
+        except Refused as exc:
+            return answer(self._refused(exc))
+        future: asyncio.Future[Stored] | None = None
+        try:
+            row = self._admit(request, provider, take_buffered_body(request, provider.max_body_bytes, lease), None)
+            if isinstance(row, InboxRow):
+                future = self.committer.submit(row)
+        except Refused as exc:
+            row = self._refused(exc)
+        except BatcherFull:
+            row = self._full(name)
+        finally:
+            if future is None:
+                lease.close()
+        if future is None:
+            assert isinstance(row, web.Response)
+            return answer(row)
+
+        def stored(future: asyncio.Future[Stored]) -> None:
+            lease.close()
+            try:
+                response = self._stored_answer(provider, future.exception() or future.result())
+            except Exception:  # as aiohttp answers a handler that raises: 500, logged, connection closed
+                log.exception("unexpected error receiving a webhook")
+                response = internal_error()
+            answer(response)
+
+        future.add_done_callback(stored)
+        return None
+
+    @staticmethod
+    def _count(label: str, response: web.Response, started: float) -> None:
+        metrics.child(metrics.inbox_received, label, response.get("outcome", str(response.status))).inc()
+        metrics.child(metrics.receiver_latency, label).observe(time.perf_counter() - started)
+
+    @staticmethod
+    def _wrong_target(request: Incoming, name: str, provider: Provider | None) -> web.Response | None:
         if request.method != "POST":
             return http.error(405, "method_not_allowed", "use POST", Allow="POST")
         if provider is None:
             return http.error(404, "unknown_provider", f"no provider named {name!r}")
+        return None
+
+    @staticmethod
+    def _refused(refusal: Refused) -> web.Response:
+        response = http.error(refusal.status, refusal.code, refusal.message,
+                              **({"Retry-After": RETRY_AFTER_SECONDS} if refusal.retry_after else {}))
+        if refusal.status in (400, 408):
+            response.force_close()  # the rest of the stream cannot be trusted to frame a next request
+        return response
+
+    @staticmethod
+    def _full(name: str) -> web.Response:
+        log.warning("group-commit queue full; refusing", extra={"provider": name})
+        return unavailable("too many events waiting to be stored; retry later")
+
+    async def _receive(self, request: Incoming, name: str, provider: Provider | None) -> web.Response:
+        wrong_target = self._wrong_target(request, name, provider)
+        if wrong_target is not None:
+            return wrong_target
+        assert provider is not None
         try:
             with self.budget.open() as lease:
                 raw = await read_body(request, provider.max_body_bytes, lease, self.body_timeout)
                 return await self._verify_and_store(request, provider, raw)
         except Refused as refusal:
-            response = http.error(refusal.status, refusal.code, refusal.message,
-                                  **({"Retry-After": RETRY_AFTER_SECONDS} if refusal.retry_after else {}))
-            if refusal.status in (400, 408):
-                response.force_close()  # the rest of the stream cannot be trusted to frame a next request
-            return response
+            return self._refused(refusal)
         except ClientGone:
             log.info("client closed the connection before sending its whole body", extra={"provider": name})
             response = http.error(400, "client_gone", "the connection closed before the body was complete")
@@ -173,6 +252,20 @@ class Intake:
 
     async def _store_verified(self, request: Incoming, provider: Provider, raw: bytes,
                               traceparent: str | None) -> web.Response:
+        row = self._admit(request, provider, raw, traceparent)
+        if not isinstance(row, InboxRow):
+            return row
+        try:
+            stored = await self.committer.store(row)
+        except BatcherFull:
+            return self._full(provider.name)
+        except Exception as exc:  # _stored_answer answers what it knows and raises the rest
+            return self._stored_answer(provider, exc)
+        return self._stored_answer(provider, stored)
+
+    @staticmethod
+    def _admit(request: Incoming, provider: Provider, raw: bytes, traceparent: str | None) -> InboxRow | web.Response:
+        """The row to store for a verified, well-formed event; else the answer that refuses it."""
         try:
             verify(provider.signature, request.headers, raw, time.time())
         except SignatureError as exc:
@@ -185,14 +278,17 @@ class Intake:
             row = dataclasses.replace(row, headers={**{k: v for k, v in row.headers.items()
                                                        if k.lower() != "traceparent"},
                                                     "traceparent": traceparent})
-        try:
-            stored = await self.committer.store(row)
-        except BatcherFull:
-            log.warning("group-commit queue full; refusing", extra={"provider": provider.name})
-            return unavailable("too many events waiting to be stored; retry later")
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, UnicodeError) as exc:
-            return _not_stored(provider, exc)
-        return stored_answer("accepted" if stored.is_new else "duplicate", stored.event_id)
+        return row
+
+    @staticmethod
+    def _stored_answer(provider: Provider, outcome: Stored | BaseException) -> web.Response:
+        """The answer for a row's group commit: stored (new or duplicate), or why not; an
+        exception it does not expect is raised."""
+        if isinstance(outcome, Stored):
+            return stored_answer("accepted" if outcome.is_new else "duplicate", outcome.event_id)
+        if isinstance(outcome, (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, UnicodeError)):
+            return _not_stored(provider, outcome)
+        raise outcome
 
 
 def stored_answer(status: str, event_id: str) -> web.Response:
@@ -204,7 +300,7 @@ def stored_answer(status: str, event_id: str) -> web.Response:
     return response
 
 
-def _not_stored(provider: Provider, exc: Exception) -> web.Response:
+def _not_stored(provider: Provider, exc: BaseException) -> web.Response:
     """400 when Postgres refused this event's data (its batch-mates were stored: see group_commit),
     503 + Retry-After when Postgres could not be reached or was too slow."""
     if is_data_error(exc):

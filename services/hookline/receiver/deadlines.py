@@ -1,11 +1,11 @@
-"""One timeout shared by many waiting tasks, checked by one sweep per tick.
+"""One timeout shared by many waiting futures, checked by one sweep per tick.
 
 ``asyncio.timeout`` arms a timer and cancels it again for every task it bounds: about
 9 µs per event on the receiver's hot path, a few percent of its CPU per event. Every
-event waits for the group commit under the same limit, so here each waiting task joins
+event waits for the group commit under the same limit, so here each waiting future joins
 a queue in arrival order (which is deadline order) and a sweeper, once per ``tick``,
-cancels those whose time is up and drops those that finished; it stops at the first
-one still within its time. A deadline fires up to ``tick`` late.
+fails those whose time is up with :class:`TimeoutError` and drops those that finished;
+it stops at the first one still within its time. A deadline fires up to ``tick`` late.
 """
 
 from __future__ import annotations
@@ -13,23 +13,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any
 
 from hookline.core.tasks import cancel_and_wait
 
-T = TypeVar("T")
+Expired = Callable[["asyncio.Future[Any]"], None]
 
 
 class _Waiting:
-    __slots__ = ("cancelling", "deadline", "expired", "task")
+    __slots__ = ("deadline", "future", "on_expiry")
 
-    def __init__(self, task: asyncio.Task[object], deadline: float) -> None:
-        # None once done: a finished task holds its result, which need not wait for the sweep.
-        self.task: asyncio.Task[object] | None = task
+    def __init__(self, future: asyncio.Future[Any], deadline: float, on_expiry: Expired) -> None:
+        self.future = future
         self.deadline = deadline
-        self.cancelling = task.cancelling()  # cancellations asked for before ours (as asyncio.timeout)
-        self.expired = False
+        self.on_expiry = on_expiry
 
 
 class Deadlines:
@@ -46,21 +44,10 @@ class Deadlines:
         await cancel_and_wait(self._sweeper)
         self._sweeper = None
 
-    async def within(self, awaitable: Awaitable[T]) -> T:
-        """``await awaitable``, or :class:`TimeoutError` once ``seconds`` have passed (and the
-        awaitable is cancelled). Only in a task, and only while started."""
-        task = asyncio.current_task()
-        assert task is not None, "Deadlines.within runs in a task"
-        waiting = _Waiting(task, time.monotonic() + self.seconds)
-        self._waiting.append(waiting)
-        try:
-            return await awaitable
-        except asyncio.CancelledError:
-            if waiting.expired and task.uncancel() <= waiting.cancelling:
-                raise TimeoutError(f"not done within {self.seconds:g} s") from None
-            raise
-        finally:
-            waiting.task = None
+    def watch(self, future: asyncio.Future[Any], on_expiry: Expired) -> None:
+        """Fail ``future`` with :class:`TimeoutError` once ``seconds`` have passed, unless it is done
+        by then, and call ``on_expiry(future)`` (to withdraw what it waits for)."""
+        self._waiting.append(_Waiting(future, time.monotonic() + self.seconds, on_expiry))
 
     async def _sweep(self) -> None:
         while True:
@@ -68,10 +55,10 @@ class Deadlines:
             self.expire(time.monotonic())
 
     def expire(self, now: float) -> None:
-        """Cancel the tasks whose deadline is past; forget the finished ones at the front."""
+        """Fail the futures whose deadline is past; forget the finished ones at the front."""
         waiting = self._waiting
-        while waiting and (waiting[0].task is None or waiting[0].deadline <= now):
+        while waiting and (waiting[0].future.done() or waiting[0].deadline <= now):
             late = waiting.popleft()
-            if late.task is not None:  # not done
-                late.expired = True
-                late.task.cancel()
+            if not late.future.done():
+                late.future.set_exception(TimeoutError(f"not done within {self.seconds:g} s"))
+                late.on_expiry(late.future)

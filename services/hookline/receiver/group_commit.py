@@ -111,13 +111,24 @@ class GroupCommitter:
         """Rows waiting for a writer."""
         return self._batcher.queued
 
+    def submit(self, row: InboxRow) -> asyncio.Future[Stored]:
+        """Queue ``row`` to be stored durably; its future is set once it is (see :meth:`store`)."""
+        future = self._batcher.enqueue(row)
+        self._deadlines.watch(future, self._batcher.withdraw)
+        return future
+
     async def store(self, row: InboxRow) -> Stored:
         """Store ``row`` durably. Raises ``BatcherFull`` when too many rows wait already, a data
         error (:func:`is_data_error`) when Postgres refuses this row, ``TimeoutError`` when it is
         not stored within ``store_timeout`` seconds (a row whose batch was being written by then
         may still be stored: the sender's retry is then a duplicate), anything else when Postgres
         is unavailable."""
-        return await self._deadlines.within(self._batcher.submit(row))
+        future = self.submit(row)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._batcher.withdraw(future)
+            raise
 
     async def _write(self, rows: list[InboxRow]) -> list[Stored]:
         columns: list[list[Any]] = [

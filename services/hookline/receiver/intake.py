@@ -118,42 +118,55 @@ class BodyLease:
         self.close()
 
 
+def _malformed(exc: HttpProcessingError) -> Refused:
+    """Bad chunk framing, or a Content-Length the body did not match when the client closed."""
+    return Refused(400, "invalid_body", f"malformed body: {exc.message or type(exc).__name__}")
+
+
 def _too_large(limit: int) -> Refused:
     return Refused(413, "payload_too_large", f"the body exceeds {limit} bytes")
 
 
 async def read_body(request: Incoming, limit: int, lease: BodyLease, timeout: float) -> bytes:
     """The decoded body; raises :class:`Refused` or :class:`ClientGone`."""
-    if request.content_length is not None:
-        if request.content_length > limit:
-            raise _too_large(limit)
-        lease.grow(request.content_length)  # reserve up front: a lying client cannot exceed it
-        reserved = request.content_length
-    else:
-        reserved = 0
+    if request.content.is_eof():  # it all came with the headers (most webhooks): take it as it is
+        return take_buffered_body(request, limit, lease)
+    reserved = _reserve(request, limit, lease)
     try:
-        if request.content.is_eof():  # it all came with the headers (most webhooks): take it as it is
-            raw = _buffered_body(request, limit, lease, reserved)
-        else:
-            async with asyncio.timeout(timeout):
-                raw = b"".join(await _read_chunks(request, limit, lease, reserved))
+        async with asyncio.timeout(timeout):
+            raw = b"".join(await _read_chunks(request, limit, lease, reserved))
     except TimeoutError:
         raise Refused(408, "request_timeout", f"the body was not complete within {timeout:g} s") from None
-    except HttpProcessingError as exc:  # bad chunk framing, Content-Length mismatch at EOF
-        raise Refused(400, "invalid_body", f"malformed body: {exc.message or type(exc).__name__}") from None
+    except HttpProcessingError as exc:
+        raise _malformed(exc) from None
     except (ConnectionError, asyncio.IncompleteReadError):
         raise ClientGone() from None
     return decode(raw, request.headers.get("Content-Encoding"), limit, lease)
 
 
-def _buffered_body(request: Incoming, limit: int, lease: BodyLease, reserved: int) -> bytes:
-    """A body already complete in aiohttp's buffer, in one call (no read loop, no await)."""
-    raw = request.content.read_nowait()
+def take_buffered_body(request: Incoming, limit: int, lease: BodyLease) -> bytes:
+    """The decoded body of a request whose body is complete in aiohttp's buffer already (no read
+    loop, no await); raises :class:`Refused`."""
+    reserved = _reserve(request, limit, lease)
+    try:
+        raw = request.content.read_nowait()
+    except HttpProcessingError as exc:
+        raise _malformed(exc) from None
     if len(raw) > limit:
         raise _too_large(limit)
     if len(raw) > reserved:
         lease.grow(len(raw) - reserved)
-    return raw
+    return decode(raw, request.headers.get("Content-Encoding"), limit, lease)
+
+
+def _reserve(request: Incoming, limit: int, lease: BodyLease) -> int:
+    """Bytes taken from the budget up front for a declared Content-Length: a lying client cannot exceed it."""
+    if request.content_length is None:
+        return 0
+    if request.content_length > limit:
+        raise _too_large(limit)
+    lease.grow(request.content_length)
+    return request.content_length
 
 
 async def _read_chunks(request: Incoming, limit: int, lease: BodyLease, reserved: int) -> list[bytes]:
