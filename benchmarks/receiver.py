@@ -108,6 +108,9 @@ async def drive_python(port: int, requests: list[bytes], connections: int, secon
                 latencies.append(time.perf_counter() - started)
                 if not head.startswith(b"HTTP/1.1 200"):
                     errors += 1
+                if b"\r\nconnection: close" in head.lower():  # as a sender's HTTP client: a new connection
+                    writer.close()
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
         finally:
             writer.close()
 
