@@ -48,10 +48,12 @@ def main() -> None:
         results = Path(f.name)
     load = os.getloadavg()[0]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    failed = []
     for run in RUNS:
         print(f"$ python -m {' '.join(run)}", flush=True)
         done = subprocess.run([sys.executable, "-m", *run, "--results", str(results)], cwd=REPO)
         if done.returncode != 0:
+            failed.append(run[0])
             print(f"{run[0]} failed (exit {done.returncode}); its figures are missing below", flush=True)
     rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     results.unlink()
@@ -67,6 +69,9 @@ def main() -> None:
         value = f"{row['value']:,.0f}{unit}" if row["unit"] else f"{row['value']:.2f}"
         target = f"{row['target']}{unit}" if row["target"] else "—"
         print(f"| {row['benchmark']} | {row['name']} | {value} | {target} | {met(row['value'], row['target'])} |")
+    if failed:  # the others' figures are printed, but a benchmark that broke must not pass for a run
+        print(f"\nfailed: {', '.join(failed)}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
