@@ -124,8 +124,10 @@ async def test_status_reads_indexes_not_whole_tables(pool: asyncpg.Pool) -> None
         sql = db.query(name, "status.sql")
         plan = await pool.fetchval(f"EXPLAIN (FORMAT JSON) {sql}", *args)  # the pool decodes json
         scanned = [n["Relation Name"] for n in plan_nodes(plan) if n["Node Type"] == "Seq Scan"]
-        # Empty tables (a partitioned inbox's future partitions) are read by a scan of nothing.
-        large = await pool.fetch("SELECT relname FROM pg_class WHERE relname = ANY($1::text[]) AND reltuples > 1000",
+        # Small tables may be scanned whole: the partitioned inbox's future partitions are empty, and
+        # today's holds only the history since midnight UTC (at 00:45, 2,700 rows, 11 % of them recent:
+        # the planner rightly reads them all). Anything holding a tenth of the history may not be.
+        large = await pool.fetch("SELECT relname FROM pg_class WHERE relname = ANY($1::text[]) AND reltuples > 20000",
                                  scanned)
         assert not large, (name, [r["relname"] for r in large])
 
