@@ -110,7 +110,10 @@ class Batcher(Generic[T, R]):
 
     async def submit(self, item: T) -> R:
         """Wait for ``item``'s result; raises :class:`BatcherFull` at once when the queue is full."""
-        future = self.enqueue(item)
+        return await self.wait(self.enqueue(item))
+
+    async def wait(self, future: asyncio.Future[R]) -> R:
+        """The result of an :meth:`enqueue`'s ``future``; a caller cancelled meanwhile withdraws its item."""
         try:
             return await future
         except asyncio.CancelledError:

@@ -123,12 +123,7 @@ class GroupCommitter:
         not stored within ``store_timeout`` seconds (a row whose batch was being written by then
         may still be stored: the sender's retry is then a duplicate), anything else when Postgres
         is unavailable."""
-        future = self.submit(row)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._batcher.withdraw(future)
-            raise
+        return await self._batcher.wait(self.submit(row))
 
     async def _write(self, rows: list[InboxRow]) -> list[Stored]:
         columns: list[list[Any]] = [
