@@ -382,18 +382,24 @@ async def test_buffer_cap_answers_503_with_retry_after(database_url: str, log_di
             writer.write(b"POST /webhooks/open HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"id\": ")
             await writer.drain()
             holders.append((reader, writer))
-        body = json.dumps({"id": new_id()}).encode()
         async with aiohttp.ClientSession() as http:
-            for _ in range(100):  # until the holders' headers have been parsed and their slots taken
-                async with http.post(f"{proc.url}/webhooks/open", data=body) as r:
-                    if r.status == 503:
-                        assert r.headers["Retry-After"]
-                        assert (await r.json())["error"] == "unavailable"
-                        break
+            # Wait until the server has parsed the holders' headers and given each a slot. Probing with
+            # POSTs instead raced them: a probe stored while the last holder came in held the third
+            # slot, that holder was refused, and every later probe found a free slot.
+            for _ in range(200):
+                async with http.get(f"{proc.url}/metrics") as r:
+                    metrics_text = await r.text()
+                if "hookline_receiver_buffered_bodies 3.0" in metrics_text:
+                    break
                 await asyncio.sleep(0.05)
             else:
-                pytest.fail("no 503 while every body slot was taken")
-            async with http.get(f"{proc.url}/metrics") as r:
+                pytest.fail("the three holders never held a body slot each: "
+                            + "".join(line for line in metrics_text.splitlines(True) if "buffered" in line))
+            async with http.post(f"{proc.url}/webhooks/open", data=json.dumps({"id": new_id()}).encode()) as r:
+                assert r.status == 503
+                assert r.headers["Retry-After"]
+                assert (await r.json())["error"] == "unavailable"
+            async with http.get(f"{proc.url}/metrics") as r:  # the refusal took no slot and gave none back
                 assert "hookline_receiver_buffered_bodies 3.0" in await r.text()
             for _, writer in holders:
                 writer.close()
