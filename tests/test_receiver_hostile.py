@@ -557,3 +557,22 @@ async def test_replay_protection_spec_errors_name_the_field(replay: object) -> N
         parse_provider("gh", {"signature": {"scheme": "github"}, "handler": "m:f", "replayProtection": replay},
                        ["secret"])
 
+
+
+@pytest.mark.parametrize("failure", [
+    # What asyncpg raised for a statement sent on a connection the server had just ended (make test, 2026-12-01).
+    asyncpg.InternalClientError("cannot switch to state 12; another operation (2) is in progress"),
+    asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
+    ConnectionResetError(104, "Connection reset by peer"),
+    TimeoutError(),
+])
+async def test_a_batch_lost_with_its_connection_is_answered_503_retry_later(failure: BaseException) -> None:
+    from hookline.core.providers import parse_provider
+    from hookline.receiver.app import Intake
+
+    provider = parse_provider("gh", {"signature": {"scheme": "github"}, "handler": "m:f"}, ["s"])
+    response = Intake._stored_answer(provider, failure)
+    assert (response.status, json.loads(response.text or "")["error"]) == (503, "unavailable")
+    assert response.headers["Retry-After"]
+    with pytest.raises(RuntimeError):  # a fault of ours is not passed off as Postgres being away
+        Intake._stored_answer(provider, RuntimeError("a bug"))

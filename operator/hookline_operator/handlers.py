@@ -40,7 +40,6 @@ from hookline_operator.ownership import ClaimState, Resource
 from hookline_operator.podtemplate import TemplateError, configured_template
 from hookline_operator.reconcile import announce, converge, observe_secret, release_row
 from hookline_operator.scaling import ScalePolicy, recommend
-from hookline_operator.stats import DATABASE_ERRORS
 
 PAUSED_ANNOTATION = "hookline.io/paused"
 # An unchanged provider's row is re-claimed and re-checked every this many ticks (a row changed
@@ -126,7 +125,7 @@ async def sync_status(body: kopf.Body, spec: dict[str, Any], status_now: dict[st
     try:
         observation = await converge(memo.db, memo.k8s, body, res, spec, state.last_sync,
                                      RESYNC_EVERY_TICKS * memo.interval)
-    except DATABASE_ERRORS as exc:
+    except db.DATABASE_ERRORS as exc:
         after = report.database_unavailable(before, f"cannot reach Postgres ({type(exc).__name__})",
                                             state.scaling, res.generation)
         write_changed(patch, status_now, {"conditions": after})

@@ -16,12 +16,12 @@ from typing import Any
 import asyncpg
 
 from hookline.core import inbox_stats, metrics
+from hookline.core.db import DATABASE_ERRORS
 from hookline.core.inbox_stats import NO_EVENTS, ProviderStats, provider_stats
 from hookline.core.maintenance import Job
 
 log = logging.getLogger("hookline.operator")
 
-DATABASE_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 STALE_AFTER_INTERVALS = 3
 
 

@@ -28,7 +28,7 @@ def _fail(message: str) -> int:
 async def _connect() -> asyncpg.Connection:
     try:
         return await db.connect()
-    except (OSError, asyncpg.PostgresError) as exc:
+    except db.DATABASE_ERRORS as exc:
         from hookline.core.config import ConfigError, database_url, redact_url
 
         raise ConfigError(f"cannot connect to {redact_url(database_url())}: {exc}") from None

@@ -37,6 +37,13 @@ _BLANKED_LINE = re.compile(r"\n[ \t]+(?=\n)")  # what a dropped section leaves o
 
 TemplateValue = str | bool
 
+# What a statement raises when Postgres, or the connection to it, fails: retry later, never a bad
+# event. asyncpg's InternalClientError is not an InterfaceError, yet a statement sent on a
+# connection the server has just ended (pg_terminate_backend, a restart) can raise it: "cannot
+# switch to state 12; another operation (2) is in progress" (seen in make test, 2026-12-01).
+DATABASE_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
+
 
 def parse_queries(text: str) -> dict[str, str]:
     parts = _QUERY_HEADER.split(text)

@@ -56,7 +56,7 @@ class DedicatedConnection:
                 try:
                     async with busy or contextlib.nullcontext():
                         await conn.fetchval(db.query("ping"), timeout=self.probe_interval)
-                except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                except db.DATABASE_ERRORS:
                     return
         finally:
             conn.remove_termination_listener(on_lost)

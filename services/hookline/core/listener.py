@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from hookline.core import db
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.tasks import cancel_and_wait
 
@@ -83,7 +84,7 @@ class Listener:
             for channel in sorted(self._wanted() - self._listening):
                 try:
                     await conn.add_listener(channel, self._dispatch)
-                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                except db.DATABASE_ERRORS:
                     return  # lost: the connection loop reconnects, LISTENs to all, and resyncs
                 self._listening.add(channel)
 

@@ -29,7 +29,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from hookline.core import http, metrics, tracing
+from hookline.core import db, http, metrics, tracing
 from hookline.core.batching import BatcherFull
 from hookline.core.gc_tuning import tune_gc_for_serving
 from hookline.core.providers import Provider, ProviderRegistry
@@ -286,7 +286,7 @@ class Intake:
         exception it does not expect is raised."""
         if isinstance(outcome, Stored):
             return stored_answer("accepted" if outcome.is_new else "duplicate", outcome.event_id)
-        if isinstance(outcome, (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError, UnicodeError)):
+        if isinstance(outcome, (*db.DATABASE_ERRORS, UnicodeError)):
             return _not_stored(provider, outcome)
         raise outcome
 

@@ -172,5 +172,5 @@ class GroupCommitter:
             await asyncio.sleep(PRUNE_INTERVAL)
             try:
                 await self._pool.execute(db.query("prune_body_hashes"))
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except db.DATABASE_ERRORS as exc:
                 log.info("could not prune expired body hashes", extra={"error": type(exc).__name__})
