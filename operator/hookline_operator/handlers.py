@@ -79,6 +79,11 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     settings.watching.connect_timeout = 30
+    # A resource being deleted keeps its finalizer until its timers have ended. kopf looks again
+    # only cancellation_polling seconds after finding one still running (60 by default) unless
+    # another event comes, and a timer that changes nothing sends none: a deletion that landed
+    # during a timer's run hung for a minute. Timers end within one run, so look every second.
+    settings.background.cancellation_polling = 1.0
     # Our own Events describe every action; kopf's per-handler log lines stay in the log.
     settings.posting.loggers = False
     settings.posting.level = logging.INFO

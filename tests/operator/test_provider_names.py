@@ -187,3 +187,47 @@ async def test_an_owner_deleted_behind_the_operators_back_hands_the_name_over(ap
         assert await owner(pool) == (other_ns, url_of(other_ns))
     finally:
         operator.stop()
+
+
+async def test_a_resource_deleted_while_its_timer_runs_is_gone_once_the_timer_ends(apiserver, teams, operator,
+                                                                                    pool, database_url) -> None:
+    """kopf removes the finalizer only once the resource's timers have ended, and by default looks
+    again only 60 s after finding one still running, unless another event comes. The claimant's
+    sync timer is held inside its claim statement (by a row lock on the name) while the resource
+    is deleted; once let go, it changes nothing, so no event comes: the deletion must finish
+    within seconds anyway. Deleting a resource hung for a minute in make test when one of its
+    timers happened to be running (kubectl delete --timeout=30s failed)."""
+    owner_ns, claimant_ns = teams
+    apply(apiserver, owner_ns, provider(url_of(owner_ns)))
+    ready(apiserver, owner_ns, "Reconciled")
+    apply(apiserver, claimant_ns, provider(url_of(claimant_ns)))
+    ready(apiserver, claimant_ns, "NameConflict")
+    # Settled: its next sync finds what this one did (its first reported the Secret created).
+    eventually(lambda: condition(whp(apiserver, claimant_ns), "SecretReady").get("reason") == "SecretFound",
+               what="the claimant's status settled")
+    locker = await asyncpg.connect(database_url)
+    try:
+        hold = locker.transaction()
+        await hold.start()
+        await locker.execute("SELECT 1 FROM hookline.providers WHERE name = $1 FOR UPDATE", NAME)
+        waiting = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                   "AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO hookline.providers%'")
+        for _ in range(300):  # the claimant's sync timer (every second) runs its claim into the lock
+            if await pool.fetchval(waiting):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail("the claimant's sync timer never ran its claim statement")
+        apiserver.kubectl("delete", "whp", NAME, "-n", claimant_ns, "--wait=false")
+        await asyncio.sleep(2)  # the delete handler runs meanwhile; the timer is still held
+        assert whp(apiserver, claimant_ns)["metadata"]["deletionTimestamp"]
+        await hold.rollback()
+        started = asyncio.get_running_loop().time()
+        result = await asyncio.to_thread(apiserver.kubectl, "wait", "--for=delete", f"whp/{NAME}", "-n",
+                                         claimant_ns, "--timeout=20s", check=False)
+        waited = asyncio.get_running_loop().time() - started
+        assert result.returncode == 0, f"still there after {waited:.0f} s: {result.stderr}"
+    finally:
+        await locker.close()
+    assert await owner(pool) == (owner_ns, url_of(owner_ns))
+    assert condition(whp(apiserver, owner_ns), "Ready")["status"] == "True"
