@@ -21,12 +21,14 @@ from hookline.core import metrics as hookline_metrics
 log = logging.getLogger(__name__)
 
 POOL_KEY: web.AppKey[asyncpg.Pool] = web.AppKey("pool", asyncpg.Pool)
+# An answer's outcome for metrics: the error code, or the receiver's accepted/duplicate.
+OUTCOME: web.ResponseKey[str] = web.ResponseKey("outcome", str)
 
 
 def error(status: int, code: str, message: str, **headers: str) -> web.Response:
-    """The contract's error shape; ``response["outcome"]`` carries the code for metrics."""
+    """The contract's error shape; ``response[OUTCOME]`` carries the code for metrics."""
     response = web.json_response({"error": code, "message": message}, status=status, headers=headers or None)
-    response["outcome"] = code
+    response[OUTCOME] = code
     return response
 
 

@@ -202,7 +202,7 @@ class Intake:
 
     @staticmethod
     def _count(label: str, response: web.Response, started: float) -> None:
-        metrics.child(metrics.inbox_received, label, response.get("outcome", str(response.status))).inc()
+        metrics.child(metrics.inbox_received, label, response.get(http.OUTCOME, str(response.status))).inc()
         metrics.child(metrics.receiver_latency, label).observe(time.perf_counter() - started)
 
     @staticmethod
@@ -293,10 +293,10 @@ class Intake:
 
 def stored_answer(status: str, event_id: str) -> web.Response:
     """``{"status": ..., "event_id": ...}``, as json_response writes it, without encoding a dict
-    per request (the hot path: one per event); ``response["outcome"]`` is the status."""
+    per request (the hot path: one per event); ``response[http.OUTCOME]`` is the status."""
     response = web.Response(body=f'{{"status": "{status}", "event_id": {json.dumps(event_id)}}}'.encode(),
                             headers=JSON_HEADERS)
-    response["outcome"] = status
+    response[http.OUTCOME] = status
     return response
 
 
