@@ -212,12 +212,15 @@ async def test_a_resource_deleted_while_its_timer_runs_is_gone_once_the_timer_en
         await locker.execute("SELECT 1 FROM hookline.providers WHERE name = $1 FOR UPDATE", NAME)
         waiting = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                    "AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO hookline.providers%'")
-        for _ in range(300):  # the claimant's sync timer (every second) runs its claim into the lock
+        for _ in range(300):  # a sync timer (every second) runs its claim into the lock
             if await pool.fetchval(waiting):
                 break
             await asyncio.sleep(0.05)
         else:
             pytest.fail("the claimant's sync timer never ran its claim statement")
+        # The owner re-claims its row now and then too: a tick more, and the claimant's sync (every
+        # second) is held whichever claim came first.
+        await asyncio.sleep(1.5)
         apiserver.kubectl("delete", "whp", NAME, "-n", claimant_ns, "--wait=false")
         await asyncio.sleep(2)  # the delete handler runs meanwhile; the timer is still held
         assert whp(apiserver, claimant_ns)["metadata"]["deletionTimestamp"]
