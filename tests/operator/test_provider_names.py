@@ -19,7 +19,7 @@ import pytest
 from apiserver import ApiServer
 
 from support.cluster import apply, get, new_namespace
-from support.inbox import insert_events
+from support.inbox import insert_events, wait_for
 from support.kube import eventually
 from support.operator import condition, start_operator
 from support.operator import event_lines as events
@@ -210,14 +210,10 @@ async def test_a_resource_deleted_while_its_timer_runs_is_gone_once_the_timer_en
         hold = locker.transaction()
         await hold.start()
         await locker.execute("SELECT 1 FROM hookline.providers WHERE name = $1 FOR UPDATE", NAME)
-        waiting = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                   "AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO hookline.providers%'")
-        for _ in range(300):  # a sync timer (every second) runs its claim into the lock
-            if await pool.fetchval(waiting):
-                break
-            await asyncio.sleep(0.05)
-        else:
-            pytest.fail("the claimant's sync timer never ran its claim statement")
+        # A sync timer (every second) runs its claim into the lock.
+        await wait_for(pool, "SELECT count(*) > 0 FROM pg_stat_activity WHERE datname = current_database() "
+                             "AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO hookline.providers%'",
+                       True, timeout=15)
         # The owner re-claims its row now and then too: a tick more, and the claimant's sync (every
         # second) is held whichever claim came first.
         await asyncio.sleep(1.5)
