@@ -11,6 +11,7 @@ secrets and housekeeping.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -120,36 +121,44 @@ async def _tenant(owner: asyncpg.Connection, server_url: str, database: str, nam
     return role, tenancy.tenant_url(with_database(server_url, database), role, password)
 
 
-@pytest.fixture
-async def install(scram_server: EmbeddedPostgres) -> AsyncIterator[Install]:
+@contextlib.asynccontextmanager
+async def _install(server: EmbeddedPostgres, up_to: int | None = None) -> AsyncIterator[Install]:
+    """A database owned and migrated (``up_to`` a version, when given) by a non-superuser with
+    CREATEROLE, with team A's and team B's providers, events and worker roles."""
     suffix = uuid.uuid4().hex[:10]
     owner_role, database, owner_password = f"owner_{suffix}", f"b_{suffix}", f"owner-pw-{suffix}"
-    admin = await asyncpg.connect(scram_server.url)
+    admin = await asyncpg.connect(server.url)
     await admin.execute(f"CREATE ROLE {owner_role} LOGIN CREATEROLE PASSWORD '{owner_password}'")
     await admin.execute(f'CREATE DATABASE "{database}" OWNER {owner_role}')
     await admin.close()
     # As on PostgreSQL 14 and clusters upgraded from it: every role may create in schema public.
-    admin = await asyncpg.connect(with_database(scram_server.url, database))
+    admin = await asyncpg.connect(with_database(server.url, database))
     await admin.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
     await admin.close()
-    owner_url = tenancy.tenant_url(with_database(scram_server.url, database), owner_role, owner_password)
+    owner_url = tenancy.tenant_url(with_database(server.url, database), owner_role, owner_password)
     owner = await asyncpg.connect(owner_url)
     assert not await owner.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
-    await migrations.migrate(owner)
+    await migrations.migrate(owner, up_to=up_to)
     attacker_uid = await _add_operator_provider(owner, "pay-a", "team-a")
     victim_uid = await _add_operator_provider(owner, "pay-b", "team-b")
-    _role, attacker_url = await _tenant(owner, scram_server.url, database, "team-a", attacker_uid)
-    victim_role, _url = await _tenant(owner, scram_server.url, database, "team-b", victim_uid)
+    _role, attacker_url = await _tenant(owner, server.url, database, "team-a", attacker_uid)
+    victim_role, _url = await _tenant(owner, server.url, database, "team-b", victim_uid)
     try:
-        yield Install(scram_server, database, owner_url, owner, attacker_url, victim_role, victim_uid)
+        yield Install(server, database, owner_url, owner, attacker_url, victim_role, victim_uid)
     finally:
         await owner.close()
-        admin = await asyncpg.connect(scram_server.url)
+        admin = await asyncpg.connect(server.url)
         await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         for role in await admin.fetch("SELECT rolname FROM pg_roles WHERE rolname LIKE 'hookline_w_%'"):
             await admin.execute(f'DROP ROLE IF EXISTS "{role["rolname"]}"')
         await admin.execute(f"DROP ROLE {owner_role}")
         await admin.close()
+
+
+@pytest.fixture
+async def install(scram_server: EmbeddedPostgres) -> AsyncIterator[Install]:
+    async with _install(scram_server) as made:
+        yield made
 
 
 async def _hookline_functions(conn: asyncpg.Connection) -> list[asyncpg.Record]:
@@ -441,3 +450,34 @@ async def test_the_victims_partner_still_gets_duplicate(install: Install, log_di
         service.stop()
     assert (status, body) == (200, {"status": "duplicate", "event_id": "evt-1"})
     assert await install.owner.fetchval("SELECT count(*) FROM hookline.inbox WHERE provider = 'pay-b'") == 3
+
+
+async def test_an_upgrade_converges_the_tenant_roles_it_finds(scram_server: EmbeddedPostgres) -> None:
+    """A database of version 24 whose tenants were made by that version's ensure_tenant (whole-table
+    grants, namespace and uid in COMMENT ON ROLE): after migrate, the same roles have exactly the
+    new privileges, and the worker's own path still works."""
+    async with _install(scram_server, up_to=24) as old:
+        comment = "SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = $1"
+        assert "team-b" in await old.owner.fetchval(comment, old.victim_role)
+        attacker = await old.attacker()
+        try:  # what version 24 let it do
+            assert await attacker.fetchval("SELECT count(*) FROM hookline.providers WHERE secrets IS NOT NULL") == 1
+            assert await attacker.execute("UPDATE hookline.inbox SET received_at = received_at "
+                                          "WHERE provider = 'pay-a'") == "UPDATE 3"
+        finally:
+            await attacker.close()
+        applied = await migrations.migrate(old.owner)
+        assert "0025_tenant_boundary.sql" in applied
+        assert await old.owner.fetchval(comment, old.victim_role) is None
+        attacker = await old.attacker()
+        try:
+            for statement in ("SELECT secrets FROM hookline.providers",
+                              "UPDATE hookline.inbox SET received_at = received_at WHERE provider = 'pay-a'",
+                              "SELECT hookline.archive_provider_events('pay-b', 'x')"):
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await attacker.execute(statement)
+            assert [r["name"] for r in await attacker.fetch(db.query("list_provider_specs"))] == ["pay-a"]
+            assert await attacker.execute("UPDATE hookline.inbox SET status = 'done' WHERE provider = 'pay-a'") \
+                == "UPDATE 3"
+        finally:
+            await attacker.close()
