@@ -326,7 +326,7 @@ def test_a_providers_file_with_every_field_is_accepted() -> None:
             "  workers: {nodeSelector: {any/label: x}, resources: {limits: {cpu: '1'}}}\n"
             "  ordering:\n    entityKey: {jsonPointer: /id}\n    transitions:\n"
             "      - {'on': a.created, from: [null], to: created}\n"
-            "      - {'on': a.paid, from: [created], to: paid}\n")
+            "      - {on: a.paid, from: [created], to: paid}\n")  # a bare on (YAML 1.1: true) is accepted too
     assert [name for name, _spec in load_documents(FILE_HEAD + spec)] == ["pay"]
 
 

@@ -205,7 +205,7 @@ ordering:
   transitions:
     - {on: payment_intent.created, from: [null], to: created}
     - {on: payment_intent.succeeded, from: [created], to: succeeded}
-    - {on: payment_intent.refunded, from: [refunded_twice], to: refunded}
+    - {on: payment_intent.refunded, from: [succeeded], to: refunded}
 """
 
 

@@ -391,7 +391,9 @@ def unknown_keys(value: Any, keys: dict[str, Any] = SPEC_KEYS, where: str = "spe
     if keys is FREE or not isinstance(value, Mapping):
         return []
     found = []
-    for key, child in value.items():
+    for raw_key, child in value.items():
+        # YAML 1.1 reads a bare `on:` as true; Hookline accepts both spellings (see _transition).
+        key = "on" if raw_key is True and "on" in keys else raw_key
         if key not in keys:
             close = difflib.get_close_matches(str(key), list(keys), n=1)
             found.append(f"{where}.{key} is not a field" + (f" (did you mean {where}.{close[0]}?)" if close else ""))
