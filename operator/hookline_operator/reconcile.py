@@ -43,7 +43,7 @@ from hookline_operator.ownership import (
     owns,
     secret_source,
 )
-from hookline_operator.podtemplate import TemplateError
+from hookline_operator.podtemplate import TemplateError, configured_template, provider_placement
 from hookline_operator.scaling import ScalePolicy
 
 log = logging.getLogger("hookline.operator")
@@ -90,7 +90,8 @@ def sync_fingerprint(res: Resource, spec: dict[str, Any], secrets: list[dict[str
 
 class WorkersState(NamedTuple):
     ok: bool
-    reason: str  # WorkersCreated, WorkersReady, WaitingForName, ResourceConflict, InvalidWorkerTemplate
+    reason: str  # WorkersCreated, WorkersReady, WaitingForName, ResourceConflict, InvalidWorkerTemplate,
+    # PlacementNotAllowed
     message: str
 
 
@@ -267,6 +268,18 @@ async def ensure_workers(kube: Kube, body: kopf.Body, res: Resource, spec: dict[
     return WorkersState(True, "WorkersReady", f"Deployment {name} is managed by the operator")
 
 
+def placement_state(spec: dict[str, Any], workers: WorkersState) -> WorkersState:
+    """Running workers whose spec asked for placement the platform does not allow: they run with the
+    platform's placement and the allowed additions only (never silently what was asked), and the
+    resource is not Ready until the request is changed. Events keep being processed meanwhile."""
+    refused = provider_placement(configured_template(), spec.get("workers") or {}).refused
+    if not workers.ok or not refused:
+        return workers
+    return WorkersState(False, "PlacementNotAllowed",
+                        f"spec.workers asks for placement the platform does not allow, so the workers run without "
+                        f"it: {'; '.join(refused)}")
+
+
 async def ensure_access(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Resource, spec: dict[str, Any],
                         sync: SyncState) -> WorkersState | None:
     """The workers' own database credential and the destination signing secret, as Secrets this
@@ -296,6 +309,7 @@ async def converge(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Resourc
         # Not verified while access is refused, so the next tick checks again instead of skipping.
         sync = sync._replace(verified=None) if refused else sync
         workers = refused or await ensure_workers(kube, body, res, spec, sync)
+        workers = placement_state(spec, workers)
     except TemplateError as exc:
         workers = WorkersState(False, "InvalidWorkerTemplate", str(exc))
     return Observation(secret, sync, workers)

@@ -215,12 +215,14 @@ runs the operator's scenarios as this role. */}}
 {{- default (include "hookline.image" .) .Values.worker.image }}
 {{- end }}
 
-{{/* The worker pod template the operator reads (templates/worker-template.yaml): `concurrency` and
+{{/* The worker pod template the operator reads (templates/worker-template.yaml): `concurrency`,
 a PodTemplateSpec whose container `worker` the operator completes with its command, probes, ports and
-the namespace's database Secret. */}}
+the namespace's database Secret, and `tenantPlacement`, what a provider may add to the pods' placement. */}}
 {{- define "hookline.workerTemplate" -}}
 {{- $w := .Values.worker -}}
 concurrency: {{ int $w.concurrency }}
+tenantPlacement:
+  {{- toYaml ($w.tenantPlacement | default dict) | nindent 2 }}
 pod:
   metadata:
     labels:
