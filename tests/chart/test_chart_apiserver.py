@@ -25,6 +25,8 @@ from chartkit import (
     render_production,
 )
 from operator_access import (
+    OPERATOR_NEEDS,
+    REMOVED,
     apply_objects,
     create_namespace,
     ensure_namespace,
@@ -127,41 +129,6 @@ def can_i(api: ApiServer, who: str, verb: str, resource: str, namespace: str, *e
     assert answer in ("yes", "no"), result.stderr
     return answer == "yes"
 
-
-# Every call the operator makes (kube.py) and kopf makes for it (watching, patching, events).
-OPERATOR_NEEDS = [
-    ("get", "webhookproviders.hookline.io"),
-    ("list", "webhookproviders.hookline.io"),
-    ("watch", "webhookproviders.hookline.io"),
-    ("patch", "webhookproviders.hookline.io"),
-    ("patch", "webhookproviders.hookline.io", "--subresource=status"),
-    ("update", "webhookproviders.hookline.io", "--subresource=finalizers"),
-    ("get", "secrets"),
-    ("create", "secrets"),
-    ("patch", "secrets"),
-    ("get", "deployments.apps"),
-    ("create", "deployments.apps"),
-    ("patch", "deployments.apps"),
-    ("patch", "deployments.apps", "--subresource=scale"),
-    ("create", "events"),
-]
-
-# What the chart granted before it was cut to the calls above (issue 23), then the rest.
-REMOVED = [
-    ("list", "deployments.apps"),
-    ("watch", "deployments.apps"),
-    ("delete", "deployments.apps"),
-    ("update", "deployments.apps"),
-    ("get", "deployments.apps", "--subresource=scale"),
-    ("update", "deployments.apps", "--subresource=scale"),
-    ("update", "secrets"),
-    ("update", "webhookproviders.hookline.io"),
-    ("get", "webhookproviders.hookline.io", "--subresource=status"),
-    ("update", "webhookproviders.hookline.io", "--subresource=status"),
-    ("patch", "events"),
-    ("create", "events.events.k8s.io"),
-    ("patch", "events.events.k8s.io"),
-]
 
 OPERATOR_MUST_NOT = [
     *REMOVED,
