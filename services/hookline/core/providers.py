@@ -149,27 +149,44 @@ async def _raise_if_owned(conn: asyncpg.Connection, name: str) -> None:
         raise ProviderOwned(name, owner["owner_namespace"], owner["owner_name"])
 
 
-async def load_all(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, Provider]:
-    """Every stored provider, parsed; a row that no longer parses is logged and skipped."""
+async def load_all(conn: asyncpg.Connection | asyncpg.Pool, *, signing_secrets: bool = True
+                   ) -> dict[str, Provider]:
+    """Every stored provider, parsed; a row that no longer parses is logged and skipped.
+    Without ``signing_secrets`` (workers, which never verify a signature) the secrets are not
+    read: a tenant's worker role may not read them (migration 0025)."""
     providers = {}
-    for row in await conn.fetch(db.query("list_providers")):
+    query = "list_providers" if signing_secrets else "list_provider_specs"
+    for row in await conn.fetch(db.query(query)):
         try:
-            providers[row["name"]] = parse_provider(row["name"], row["spec"], active_secrets(row["secrets"]),
-                                                    row["destination_secret"])
+            secrets = active_secrets(row["secrets"]) if signing_secrets else None
+            providers[row["name"]] = parse_provider(row["name"], row["spec"], secrets, row["destination_secret"])
         except SpecError as exc:
             log.error("stored provider is invalid; ignoring it", extra={"provider": row["name"], "error": str(exc)})
     return providers
 
 
 class ProviderRegistry:
-    """The providers, kept current in memory: re-read on NOTIFY (through the process's
-    ``Listener``), after the listener reconnects, and every ``refresh`` seconds."""
+    """The providers, kept current in memory: re-read after the listener reconnects, every
+    ``refresh`` seconds (a rotated-out secret expires without a change of its row), and on
+    NOTIFY once the rows' fingerprint shows a change.
 
-    def __init__(self, pool: asyncpg.Pool, refresh: float = 30.0, listener: Listener | None = None) -> None:
+    Any role may NOTIFY hookline_providers, so a notification is only a hint: it costs a
+    fingerprint query (names and update times, no parsing), and notifications that arrive
+    within ``debounce`` seconds of a look are answered by one look after it. A flood costs
+    at most 1 / ``debounce`` cheap queries a second. The payload is never read; the
+    trigger's own carries the provider name only (migration 0001)."""
+
+    def __init__(self, pool: asyncpg.Pool, refresh: float = 30.0, listener: Listener | None = None, *,
+                 signing_secrets: bool = True, debounce: float = 0.25) -> None:
         self._pool = pool
         self._refresh = refresh
+        self._signing_secrets = signing_secrets
+        self._debounce = debounce
         self._providers: dict[str, Provider] = {}
+        self._fingerprint: str | None = None
         self._changed = asyncio.Event()
+        self._resync = False
+        self.reloads = 0  # full re-reads, for tests and curious operators
         self._task: asyncio.Task[None] | None = None
         self.loaded = asyncio.Event()
         # Without a shared listener the registry runs one of its own.
@@ -184,12 +201,19 @@ class ProviderRegistry:
         return dict(self._providers)
 
     async def reload(self) -> None:
-        self._providers = await load_all(self._pool)
+        fingerprint = await self._pool.fetchval(db.query("providers_fingerprint"))
+        self._providers = await load_all(self._pool, signing_secrets=self._signing_secrets)
+        self._fingerprint = fingerprint
+        self.reloads += 1
         self.loaded.set()
+
+    def _resynced(self) -> None:
+        self._resync = True
+        self._changed.set()
 
     async def start(self) -> None:
         self._subscription = await self._listener.subscribe(
-            ("hookline_providers",), lambda _channel, _payload: self._changed.set(), self._changed.set)
+            ("hookline_providers",), lambda _channel, _payload: self._changed.set(), self._resynced)
         if self._own_listener:
             await self._listener.start()
         await self.reload()
@@ -204,11 +228,17 @@ class ProviderRegistry:
 
     async def _run(self) -> None:
         while True:
+            notified = False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), self._refresh)
+                notified = not self._resync
             self._changed.clear()
+            self._resync = False
             try:
-                await self.reload()
+                if not notified or await self._pool.fetchval(db.query("providers_fingerprint")) != self._fingerprint:
+                    await self.reload()
+                if notified:
+                    await asyncio.sleep(self._debounce)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
