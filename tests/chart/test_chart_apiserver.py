@@ -189,6 +189,39 @@ def test_removed_verbs_are_denied_and_used_ones_allowed_with_the_real_token(
     assert [n for n in [*REMOVED, ("list", "secrets"), ("watch", "secrets")] if self_can_i(*n)] == []
 
 
+def test_owner_references_need_the_one_update_the_chart_grants(
+    chart_apiserver: ApiServer, release: tuple[str, Rendered]
+) -> None:
+    """With OwnerReferencesPermissionEnforcement (on in this API server, as on many clusters), an owned
+    object with blockOwnerDeletion, as kopf.adopt writes it, needs `update` on webhookproviders/finalizers."""
+    api = chart_apiserver
+    namespace, rendered = release
+    rules = rendered.one("Role", OPERATOR_SA)["rules"]
+    without = [r for r in rules if "webhookproviders/finalizers" not in r["resources"]]
+    assert len(without) == len(rules) - 1
+    name = "no-finalizers"
+    apply_objects(api, [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": name, "namespace": namespace}, "rules": without},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": name, "namespace": namespace},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
+    ])
+
+    def owned_secret(secret: str) -> str:
+        owner = {"apiVersion": "hookline.io/v1alpha1", "kind": "WebhookProvider", "name": "acme",
+                 "uid": "8b7c9a1e-0000-4000-8000-000000000001", "controller": True, "blockOwnerDeletion": True}
+        return json.dumps({"apiVersion": "v1", "kind": "Secret", "stringData": {"k": "v"},
+                           "metadata": {"name": secret, "namespace": namespace, "ownerReferences": [owner]}})
+
+    denied = api.kubectl("create", "-f", "-", input=owned_secret("denied"), token=request_token(api, namespace, name),
+                         check=False)
+    assert denied.returncode != 0 and "blockOwnerDeletion" in denied.stderr, denied
+    api.kubectl("create", "-f", "-", input=owned_secret("allowed"), token=request_token(api, namespace, OPERATOR_SA))
+
+
 def test_a_cluster_wide_operator_has_the_same_verbs_everywhere_and_no_more(chart_apiserver: ApiServer) -> None:
     namespace = create_namespace(chart_apiserver, "all")
     rendered = render(deep_merge(MINIMAL, {"operator": {"watchAllNamespaces": True}}), namespace=namespace)
