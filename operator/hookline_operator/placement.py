@@ -197,3 +197,15 @@ def and_terms(platform: list[dict[str, Any]], team: list[dict[str, Any]]) -> lis
     return [{key: [*copy.deepcopy(ours.get(key) or []), *copy.deepcopy(theirs.get(key) or [])]
              for key in ("matchExpressions", "matchFields") if ours.get(key) or theirs.get(key)}
             for ours in platform for theirs in team]
+
+
+def exact_in_patch(pod_spec: dict[str, Any]) -> None:
+    """Make a strategic merge patch carrying ``pod_spec`` set the placement exactly as decided: the
+    API server merges maps and keeps fields a patch leaves out, which would keep a team's earlier
+    (or no longer allowed) node label, affinity or priority class on the Deployment."""
+    for name in FIELDS:
+        value = pod_spec.get(name)
+        if value in (None, "", {}, []):
+            pod_spec[name] = None  # removes the field
+        elif isinstance(value, dict):
+            pod_spec[name] = {**value, "$patch": "replace"}

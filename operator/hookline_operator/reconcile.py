@@ -31,7 +31,7 @@ from hookline.core import db
 from hookline.core.config import database_url
 from hookline.core.providers import SpecError, parse_provider
 from hookline.core.signatures import get_scheme
-from hookline_operator import resources, tenancy
+from hookline_operator import placement, resources, tenancy
 from hookline_operator.kube import Kube, ObservedSecret
 from hookline_operator.ownership import (
     Claim,
@@ -263,6 +263,7 @@ async def ensure_workers(kube: Kube, body: kopf.Body, res: Resource, spec: dict[
     manifest = desired_deployment(res, spec, existing.replicas)
     if existing.annotations.get(TEMPLATE_HASH) != manifest["metadata"]["annotations"][TEMPLATE_HASH]:
         del manifest["spec"]["replicas"]  # replicas belong to the scaling timer
+        placement.exact_in_patch(manifest["spec"]["template"]["spec"])
         await kube.patch_deployment(res.namespace, name, manifest)
         announce(body, "WorkersUpdated", f"updated the pod template of Deployment {name}")
     return WorkersState(True, "WorkersReady", f"Deployment {name} is managed by the operator")

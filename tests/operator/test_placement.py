@@ -216,3 +216,11 @@ def test_a_refused_placement_is_the_ready_reason_with_one_warning() -> None:
     assert (ready["status"], ready["reason"]) == ("False", "PlacementNotAllowed")
     assert new_conflicts([], conditions) == [("PlacementNotAllowed", "spec.workers asks for ...")]
     assert new_conflicts(conditions, conditions) == []
+
+
+def test_a_patch_sets_the_placement_exactly() -> None:
+    # A strategic merge patch merges maps and keeps what it leaves out: spell out replace and removal.
+    pod_spec: dict[str, Any] = {"nodeSelector": {"pool": "workers"}, "tolerations": [GPU], "containers": []}
+    placement.exact_in_patch(pod_spec)
+    assert pod_spec == {"nodeSelector": {"pool": "workers", "$patch": "replace"}, "tolerations": [GPU],
+                        "affinity": None, "priorityClassName": None, "containers": []}

@@ -184,3 +184,23 @@ async def test_a_broken_template_is_reported_not_applied(apiserver: ApiServer, n
                      what="InvalidWorkerTemplate")
     assert "container named 'worker'" in condition(whp, "Ready")["message"]
     assert pod_of(apiserver, namespace, "keep") == before
+
+
+async def test_a_tightened_allowance_takes_back_what_it_allowed(apiserver: ApiServer, namespace: str,
+                                                                operator: ServiceProcess, template_file: Path) -> None:
+    apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER.format(name="loose", overrides=OVERRIDES))
+    eventually(lambda: pod_of(apiserver, namespace, "loose")["spec"]["nodeSelector"].get("disk") == "ssd",
+               what="the allowed additions")
+    # helm upgrade: no tenant placement allowed any more, and a platform without tolerations or priority.
+    platform = {**WORKER_VALUES, "tolerations": [], "priorityClassName": "", "tenantPlacement": {}}
+    template_file.write_text(chart_template(platform))
+    whp = eventually(lambda: (o := kget(apiserver, namespace, "whp", "loose"))
+                     and condition(o, "Ready").get("reason") == "PlacementNotAllowed" and o,
+                     what="PlacementNotAllowed after the upgrade")
+    assert "disk=ssd" in condition(whp, "Ready")["message"]
+    # The Deployment holds exactly the platform's placement: nothing of the team's stays behind.
+    spec = eventually(lambda: (p := pod_of(apiserver, namespace, "loose")["spec"])
+                      and "priorityClassName" not in p and p, what="the priority class taken back")
+    assert spec["nodeSelector"] == WORKER_VALUES["nodeSelector"]
+    assert "tolerations" not in spec
+    assert spec["affinity"] == WORKER_VALUES["affinity"]
