@@ -216,9 +216,6 @@ class Queue:
             for r in await conn.fetch(self._sql["stats"])
         }
 
-    async def in_flight(self, conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, int]:
-        return {r["partition"]: int(r["processing"]) for r in await conn.fetch(self._sql["in_flight"])}
-
 
 @contextlib.asynccontextmanager
 async def _connection(conn: asyncpg.Connection | asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:

@@ -272,7 +272,3 @@ SELECT partition, coalesce(pending.backlog, 0) AS backlog,
        coalesce(extract(epoch FROM now() - pending.oldest), 0) AS oldest_pending_seconds,
        coalesce(dead.dead, 0) AS dead, coalesce(suspects.suspects, 0) AS suspects
 FROM pending FULL JOIN dead USING (partition) LEFT JOIN suspects USING (partition);
-
--- name: in_flight
-SELECT /* TEMPLATE: partition */provider AS partition, count(*) AS processing FROM /* TEMPLATE: table */hookline.inbox
-WHERE status = 'processing' GROUP BY /* TEMPLATE: partition */provider;
