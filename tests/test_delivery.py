@@ -22,8 +22,8 @@ EMBEDDINGS = {
     "NAT64 local-use 64:ff9b:1::/48, /96 position": ("64:ff9b:1::a00:5", None),
     "NAT64 local-use 64:ff9b:1::/48, /64 position": ("64:ff9b:1:0:a:0:500:0", None),
     "6to4 2002::/16": ("2002:a00:5::1", "2002:808:808::1"),
-    "Teredo 2001::/32, client (inverted last 32 bits)": ("2001:0:4136:e378:8000:63bf:f5ff:fffa",
-                                                         "2001:0:4136:e378:8000:63bf:f7f7:f7f7"),
+    # Teredo is refused whatever it embeds (2001::/23 is on the deny list; see the test below).
+    "Teredo 2001::/32, client (inverted last 32 bits)": ("2001:0:4136:e378:8000:63bf:f5ff:fffa", None),
     "Teredo 2001::/32, server (bits 32-63)": ("2001:0:a00:5:8000:63bf:f7f7:f7f7", None),
     "IPv4-compatible ::/96": ("::a00:5", "::808:808"),
     "IPv4-mapped ::ffff:0:0/96": ("::ffff:a00:5", "::ffff:808:808"),
@@ -62,6 +62,54 @@ def test_public_addresses_are_not_internal(address: str) -> None:
 
 def test_ordinary_ipv6_addresses_embed_nothing() -> None:
     assert embedded_ipv4(ipaddress.IPv6Address("2606:4700:4700::1111")) == ()
+
+
+# Every special-purpose block (IANA registries, RFC 6890), by its first, a middle and its last address.
+SPECIAL_PURPOSE = [
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+    "192.0.0.0/24", "192.0.2.0/24", "192.31.196.0/24", "192.52.193.0/24", "192.88.99.0/24", "192.168.0.0/16",
+    "192.175.48.0/24", "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
+    "255.255.255.255/32",
+    "::/128", "::1/128", "100::/64", "100:0:0:1::/64", "2001::/23", "2001:db8::/32", "2620:4f:8000::/48",
+    "3fff::/20", "5f00::/16", "fc00::/7", "fe80::/10", "fec0::/10", "ff00::/8",
+]
+
+
+@pytest.mark.parametrize("block", SPECIAL_PURPOSE)
+def test_every_special_purpose_block_is_refused(block: str) -> None:
+    network = ipaddress.ip_network(block)
+    middle = network[network.num_addresses // 2]
+    for address in (network[0], middle, network[-1]):
+        assert is_internal(str(address)), address
+
+
+@pytest.mark.parametrize("address", ["fec0::1", "192.0.0.192", "192.0.0.9", "192.31.196.1", "3fff::1", "5f00::1",
+                                     "2620:4f:8000::1", "100:0:0:1::1", "4000::1"])
+def test_what_python_3_11_calls_global_is_refused_by_the_list(address: str) -> None:
+    # Each of these is_global on some supported Python (3.11.7 for all of them); the list decides.
+    assert is_internal(address)
+
+
+@pytest.mark.parametrize("address", ["::ffff:fec0:1", "::ffff:192.0.0.192", "64:ff9b::c000:c0", "2002:c000:c0::1",
+                                     "::ffff:198.51.100.7", "64:ff9b::cb00:7101", "2002:c612:1::1",
+                                     "64:ff9b:1::c000:2ff", "::ffff:0:c000:c0"])
+def test_special_purpose_ipv4_is_refused_through_every_embedding(address: str) -> None:
+    assert is_internal(address)
+
+
+@pytest.mark.parametrize("address", ["2001:0:4136:e378:8000:63bf:f7f7:f7f7", "2001:0:808:808:8000:63bf:f7f7:f7f7"])
+def test_teredo_is_refused_even_around_public_addresses(address: str) -> None:
+    # Reached only through a Teredo relay, never a webhook receiver: the whole of 2001::/23 is denied.
+    assert embedded_ipv4(ipaddress.IPv6Address(address))
+    assert is_internal(address)
+
+
+@pytest.mark.parametrize("address", ["8.8.8.8", "1.1.1.1", "192.0.1.1", "192.0.3.1", "198.20.0.1", "100.128.0.1",
+                                     "172.32.0.1", "223.255.255.254", "2606:4700:4700::1111", "2001:4860:4860::8888",
+                                     "2001:200::1", "2a00:1450:4001:80b::200e", "2003::1", "::ffff:8.8.8.8",
+                                     "64:ff9b::101:101", "2002:101:101::1"])
+def test_ordinary_public_addresses_next_to_the_blocks_are_allowed(address: str) -> None:
+    assert not is_internal(address)
 
 
 # --- through real sessions -------------------------------------------------------------------

@@ -36,7 +36,7 @@ from hookline_operator import status as report
 from hookline_operator.conditions import now_iso, set_condition
 from hookline_operator.kube import GROUP, PLURAL, VERSION, Kube
 from hookline_operator.memo import LeasesSwept, OperatorMemo, OwnedProvider, ScalingOutcome, resource_state
-from hookline_operator.ownership import ClaimState, Resource
+from hookline_operator.ownership import Claim, ClaimState, Resource
 from hookline_operator.podtemplate import TemplateError, configured_template
 from hookline_operator.reconcile import announce, converge, observe_secret, release_row
 from hookline_operator.scaling import ScalePolicy, recommend
@@ -145,6 +145,8 @@ async def sync_status(body: kopf.Body, spec: dict[str, Any], status_now: dict[st
     after = rotation_condition(after, body, status_now, res.generation)
     for reason, message in report.new_conflicts(before, after):
         announce(body, reason, message, warning=True)
+        if reason == "NameConflict" and state.claim is not None:
+            log_name_conflict(res, state.claim)
     fields: dict[str, Any] = {"conditions": after, "observedGeneration": res.generation}
     snapshot = memo.stats.fresh(memo.interval)
     if state.claim is not None and not state.claim.owned:
@@ -152,6 +154,13 @@ async def sync_status(body: kopf.Body, spec: dict[str, Any], status_now: dict[st
     elif snapshot is not None:
         fields.update(stats.status_fields(snapshot.of(res.name)))
     write_changed(patch, status_now, fields)
+
+
+def log_name_conflict(res: Resource, claim: Claim) -> None:
+    """Who holds the name, for the platform team: the operator's log only (the claimant's
+    condition and Event say just that it is taken)."""
+    log.warning("provider name is taken by another owner",
+                extra={"provider": res.name, "claimant": res.path, "owner": claim.owner})
 
 
 def write_changed(patch: kopf.Patch, status_now: dict[str, Any], fields: dict[str, Any]) -> None:

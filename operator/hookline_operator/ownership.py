@@ -36,7 +36,9 @@ class ClaimState(Enum):
 
 class Claim(NamedTuple):
     state: ClaimState
-    owner: str = ""  # who owns the name when it is not us, for the condition message
+    # Who owns the name when it is not us: for the operator's log (the platform's) and the takeover
+    # check, never for the claimant's status or Events, which another team can write to probe names.
+    owner: str = ""
     owner_namespace: str | None = None  # set when another WebhookProvider owns it
     owner_name: str | None = None
     owner_uid: str | None = None
@@ -46,12 +48,15 @@ class Claim(NamedTuple):
         return self.state is ClaimState.OWNED
 
     def message(self, provider: str) -> str:
+        """For the claimant's status: whether the name is ours, never who holds it (the same words
+        whichever namespace, the CLI or an old row holds it)."""
         if self.state is ClaimState.OWNED:
             return f"provider name {provider!r} belongs to this WebhookProvider"
         if self.state is ClaimState.RETRY:
             return f"provider name {provider!r} changed hands while it was being claimed; trying again"
-        return (f"provider name {provider!r} (POST /webhooks/{provider}) is already claimed by {self.owner}; "
-                f"this resource is not synced until that owner is deleted, or rename this one")
+        return (f"provider name {provider!r} (POST /webhooks/{provider}) is already taken; this resource is not "
+                f"synced until the name is released, or rename this one (the operator's log names the owner "
+                f"for the platform team)")
 
 
 CLI_OWNER = "the hookline providers CLI (delete it there with `hookline providers delete` to hand it over)"

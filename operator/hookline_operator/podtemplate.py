@@ -1,29 +1,30 @@
 """The worker pod template: from the chart (a mounted ConfigMap), with a provider's own overrides.
 
-The chart renders values ``worker.*`` into ``template.yaml``: ``concurrency`` and a PodTemplateSpec
-with one container named ``worker``. The operator completes that container (command, ports, probes,
+The chart renders values ``worker.*`` into ``template.yaml``: ``concurrency``, a PodTemplateSpec
+with one container named ``worker``, and ``tenantPlacement`` (what a provider may add to the pods'
+placement, see placement.py). The operator completes that container (command, ports, probes,
 the namespace's database Secret) in ``resources.worker_deployment``. Without a file (the operator run
-outside the chart) the defaults below apply, the image from ``HOOKLINE_WORKER_IMAGE``.
+outside the chart) the defaults below apply, the image from ``HOOKLINE_WORKER_IMAGE``, and providers
+may add no placement at all.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from hookline.core import pools
+from hookline_operator import placement
 
 TEMPLATE_ENV = "HOOKLINE_WORKER_TEMPLATE"
 DEFAULT_IMAGE = "ghcr.io/hookline/hookline:0.1.0"
 DEFAULT_CONCURRENCY = 16
 CONTAINER = "worker"
-# What a provider may set in spec.workers for its own pods; everything else is the platform's.
-PROVIDER_POD_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName")
 
 
 class TemplateError(Exception):
@@ -34,6 +35,7 @@ class TemplateError(Exception):
 class WorkerTemplate:
     concurrency: int
     pod: dict[str, Any]  # a PodTemplateSpec: metadata, spec with a container named "worker"
+    tenant_placement: placement.TenantPlacement = field(default_factory=placement.TenantPlacement)
 
     @property
     def connections_per_replica(self) -> int:
@@ -83,7 +85,11 @@ def parse_template(text: str, source: str = "worker template") -> WorkerTemplate
                                                    for c in containers):
         raise TemplateError(f"{source}: pod.spec.containers must hold a container named {CONTAINER!r}")
     assert isinstance(pod, dict)
-    return WorkerTemplate(concurrency=concurrency, pod=pod)
+    try:
+        tenant_placement = placement.parse_allowance(doc.get("tenantPlacement"))
+    except ValueError as exc:
+        raise TemplateError(f"{source}: tenantPlacement: {exc}") from None
+    return WorkerTemplate(concurrency=concurrency, pod=pod, tenant_placement=tenant_placement)
 
 
 _cache: dict[str, tuple[float, WorkerTemplate]] = {}
@@ -109,9 +115,18 @@ def provider_pod(template: WorkerTemplate, workers: dict[str, Any]) -> dict[str,
     """A copy of the template's pod with the provider's ``spec.workers`` overrides applied."""
     pod = copy.deepcopy(template.pod)
     pod.setdefault("metadata", {})
-    for field in PROVIDER_POD_FIELDS:
-        if workers.get(field) not in (None, "", {}, []):
-            pod["spec"][field] = copy.deepcopy(workers[field])
+    apply_placement(pod["spec"], provider_placement(template, workers))
     if workers.get("resources"):
         template.container(pod)["resources"] = copy.deepcopy(workers["resources"])
     return pod
+
+
+def provider_placement(template: WorkerTemplate, workers: dict[str, Any]) -> placement.Placement:
+    """The platform's placement (the template's) plus what ``spec.workers`` may add to it."""
+    return placement.decide(template.pod["spec"], workers, template.tenant_placement)
+
+
+def apply_placement(pod_spec: dict[str, Any], decided: placement.Placement) -> None:
+    for name in placement.FIELDS:
+        pod_spec.pop(name, None)
+    pod_spec.update(decided.fields)

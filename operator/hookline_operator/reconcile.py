@@ -31,7 +31,7 @@ from hookline.core import db
 from hookline.core.config import database_url
 from hookline.core.providers import SpecError, parse_provider
 from hookline.core.signatures import get_scheme
-from hookline_operator import resources, tenancy
+from hookline_operator import placement, resources, tenancy
 from hookline_operator.kube import Kube, ObservedSecret
 from hookline_operator.ownership import (
     Claim,
@@ -43,7 +43,7 @@ from hookline_operator.ownership import (
     owns,
     secret_source,
 )
-from hookline_operator.podtemplate import TemplateError
+from hookline_operator.podtemplate import TemplateError, configured_template, provider_placement
 from hookline_operator.scaling import ScalePolicy
 
 log = logging.getLogger("hookline.operator")
@@ -90,7 +90,8 @@ def sync_fingerprint(res: Resource, spec: dict[str, Any], secrets: list[dict[str
 
 class WorkersState(NamedTuple):
     ok: bool
-    reason: str  # WorkersCreated, WorkersReady, WaitingForName, ResourceConflict, InvalidWorkerTemplate
+    reason: str  # WorkersCreated, WorkersReady, WaitingForName, ResourceConflict, InvalidWorkerTemplate,
+    # PlacementNotAllowed
     message: str
 
 
@@ -262,9 +263,22 @@ async def ensure_workers(kube: Kube, body: kopf.Body, res: Resource, spec: dict[
     manifest = desired_deployment(res, spec, existing.replicas)
     if existing.annotations.get(TEMPLATE_HASH) != manifest["metadata"]["annotations"][TEMPLATE_HASH]:
         del manifest["spec"]["replicas"]  # replicas belong to the scaling timer
+        placement.exact_in_patch(manifest["spec"]["template"]["spec"])
         await kube.patch_deployment(res.namespace, name, manifest)
         announce(body, "WorkersUpdated", f"updated the pod template of Deployment {name}")
     return WorkersState(True, "WorkersReady", f"Deployment {name} is managed by the operator")
+
+
+def placement_state(spec: dict[str, Any], workers: WorkersState) -> WorkersState:
+    """Running workers whose spec asked for placement the platform does not allow: they run with the
+    platform's placement and the allowed additions only (never silently what was asked), and the
+    resource is not Ready until the request is changed. Events keep being processed meanwhile."""
+    refused = provider_placement(configured_template(), spec.get("workers") or {}).refused
+    if not workers.ok or not refused:
+        return workers
+    return WorkersState(False, "PlacementNotAllowed",
+                        f"spec.workers asks for placement the platform does not allow, so the workers run without "
+                        f"it: {'; '.join(refused)}")
 
 
 async def ensure_access(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Resource, spec: dict[str, Any],
@@ -296,6 +310,7 @@ async def converge(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Resourc
         # Not verified while access is refused, so the next tick checks again instead of skipping.
         sync = sync._replace(verified=None) if refused else sync
         workers = refused or await ensure_workers(kube, body, res, spec, sync)
+        workers = placement_state(spec, workers)
     except TemplateError as exc:
         workers = WorkersState(False, "InvalidWorkerTemplate", str(exc))
     return Observation(secret, sync, workers)

@@ -65,7 +65,7 @@ def new_conflicts(before: Conditions, after: Conditions) -> list[tuple[str, str]
     not one per tick."""
     ready_after = next((c for c in after if c.get("type") == "Ready"), None)
     if ready_after is None or ready_after.get("reason") not in ("NameConflict", "ResourceConflict",
-                                                                "HandlerNotAllowed"):
+                                                                "HandlerNotAllowed", "PlacementNotAllowed"):
         return []
     ready_before = next((c for c in before if c.get("type") == "Ready"), {})
     if (ready_before.get("reason"), ready_before.get("message")) == (ready_after["reason"], ready_after["message"]):

@@ -19,12 +19,12 @@ sys.path.insert(0, str(REPO / "tests" / "envtest"))
 
 from apiserver import ApiServer  # noqa: E402
 
-from support.kube import require_assets  # noqa: E402
+from support.kube import OWNER_REFERENCES_ENFORCED, require_assets  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def chart_apiserver() -> Iterator[ApiServer]:
     assets = require_assets()
-    with ApiServer(assets) as server:
+    with ApiServer(assets, extra_args=[OWNER_REFERENCES_ENFORCED]) as server:
         yield server
 

@@ -19,6 +19,41 @@ from typing import Any
 from apiserver import ApiServer
 from chartkit import MINIMAL, Rendered, render
 
+# Every call the operator makes (kube.py) and kopf makes for it (watching, patching, events).
+OPERATOR_NEEDS = [
+    ("get", "webhookproviders.hookline.io"),
+    ("list", "webhookproviders.hookline.io"),
+    ("watch", "webhookproviders.hookline.io"),
+    ("patch", "webhookproviders.hookline.io"),
+    ("patch", "webhookproviders.hookline.io", "--subresource=status"),
+    ("update", "webhookproviders.hookline.io", "--subresource=finalizers"),
+    ("get", "secrets"),
+    ("create", "secrets"),
+    ("patch", "secrets"),
+    ("get", "deployments.apps"),
+    ("create", "deployments.apps"),
+    ("patch", "deployments.apps"),
+    ("patch", "deployments.apps", "--subresource=scale"),
+    ("create", "events"),
+]
+
+# What the chart granted before it was cut to the calls above (issue 23): each must be denied.
+REMOVED = [
+    ("list", "deployments.apps"),
+    ("watch", "deployments.apps"),
+    ("delete", "deployments.apps"),
+    ("update", "deployments.apps"),
+    ("get", "deployments.apps", "--subresource=scale"),
+    ("update", "deployments.apps", "--subresource=scale"),
+    ("update", "secrets"),
+    ("update", "webhookproviders.hookline.io"),
+    ("get", "webhookproviders.hookline.io", "--subresource=status"),
+    ("update", "webhookproviders.hookline.io", "--subresource=status"),
+    ("patch", "events"),
+    ("create", "events.events.k8s.io"),
+    ("patch", "events.events.k8s.io"),
+]
+
 
 def request_token(api: ApiServer, namespace: str, service_account: str, *, seconds: int = 3600) -> str:
     """A bound token for the ServiceAccount, from the TokenRequest API (what the kubelet mounts)."""

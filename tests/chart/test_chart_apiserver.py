@@ -13,8 +13,20 @@ from typing import Any
 import asyncpg
 import pytest
 from apiserver import ApiServer
-from chartkit import EXAMPLES, Obj, Rendered, render_default, render_dev, render_production
+from chartkit import (
+    EXAMPLES,
+    MINIMAL,
+    Obj,
+    Rendered,
+    deep_merge,
+    render,
+    render_default,
+    render_dev,
+    render_production,
+)
 from operator_access import (
+    OPERATOR_NEEDS,
+    REMOVED,
     apply_objects,
     create_namespace,
     ensure_namespace,
@@ -118,29 +130,8 @@ def can_i(api: ApiServer, who: str, verb: str, resource: str, namespace: str, *e
     return answer == "yes"
 
 
-OPERATOR_NEEDS = [
-    ("get", "webhookproviders.hookline.io"),
-    ("list", "webhookproviders.hookline.io"),
-    ("watch", "webhookproviders.hookline.io"),
-    ("patch", "webhookproviders.hookline.io"),
-    ("update", "webhookproviders.hookline.io"),
-    ("patch", "webhookproviders.hookline.io", "--subresource=status"),
-    ("get", "secrets"),
-    ("create", "secrets"),
-    ("patch", "secrets"),
-    ("update", "secrets"),
-    ("get", "deployments.apps"),
-    ("list", "deployments.apps"),
-    ("watch", "deployments.apps"),
-    ("create", "deployments.apps"),
-    ("patch", "deployments.apps"),
-    ("delete", "deployments.apps"),
-    ("patch", "deployments.apps", "--subresource=scale"),
-    ("create", "events"),
-    ("create", "events.events.k8s.io"),
-]
-
 OPERATOR_MUST_NOT = [
+    *REMOVED,
     ("list", "secrets"),  # enumerating Secrets would expose every credential in the namespace
     ("watch", "secrets"),
     ("delete", "secrets"),
@@ -179,6 +170,68 @@ def test_operator_cannot_do_anything_else(chart_apiserver: ApiServer, release: t
     who = f"system:serviceaccount:{namespace}:{OPERATOR_SA}"
     allowed = [n for n in OPERATOR_MUST_NOT if can_i(chart_apiserver, who, n[0], n[1], namespace, *n[2:])]
     assert not allowed, f"the operator may {allowed}"
+
+
+def test_removed_verbs_are_denied_and_used_ones_allowed_with_the_real_token(
+    chart_apiserver: ApiServer, release: tuple[str, Rendered]
+) -> None:
+    """The same questions asked as the operator itself (its TokenRequest token), not by impersonation."""
+    namespace, _ = release
+    token = request_token(chart_apiserver, namespace, OPERATOR_SA)
+
+    def self_can_i(verb: str, resource: str, *extra: str) -> bool:
+        result = chart_apiserver.kubectl("auth", "can-i", verb, resource, "-n", namespace, *extra, token=token,
+                                         check=False)
+        assert result.stdout.strip() in ("yes", "no"), result.stderr
+        return result.stdout.strip() == "yes"
+
+    assert [n for n in OPERATOR_NEEDS if not self_can_i(*n)] == []
+    assert [n for n in [*REMOVED, ("list", "secrets"), ("watch", "secrets")] if self_can_i(*n)] == []
+
+
+def test_owner_references_need_the_one_update_the_chart_grants(
+    chart_apiserver: ApiServer, release: tuple[str, Rendered]
+) -> None:
+    """With OwnerReferencesPermissionEnforcement (on in this API server, as on many clusters), an owned
+    object with blockOwnerDeletion, as kopf.adopt writes it, needs `update` on webhookproviders/finalizers."""
+    api = chart_apiserver
+    namespace, rendered = release
+    rules = rendered.one("Role", OPERATOR_SA)["rules"]
+    without = [r for r in rules if "webhookproviders/finalizers" not in r["resources"]]
+    assert len(without) == len(rules) - 1
+    name = "no-finalizers"
+    apply_objects(api, [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": name, "namespace": namespace}, "rules": without},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": name, "namespace": namespace},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
+    ])
+
+    def owned_secret(secret: str) -> str:
+        owner = {"apiVersion": "hookline.io/v1alpha1", "kind": "WebhookProvider", "name": "acme",
+                 "uid": "8b7c9a1e-0000-4000-8000-000000000001", "controller": True, "blockOwnerDeletion": True}
+        return json.dumps({"apiVersion": "v1", "kind": "Secret", "stringData": {"k": "v"},
+                           "metadata": {"name": secret, "namespace": namespace, "ownerReferences": [owner]}})
+
+    denied = api.kubectl("create", "-f", "-", input=owned_secret("denied"), token=request_token(api, namespace, name),
+                         check=False)
+    assert denied.returncode != 0 and "blockOwnerDeletion" in denied.stderr, denied
+    api.kubectl("create", "-f", "-", input=owned_secret("allowed"), token=request_token(api, namespace, OPERATOR_SA))
+
+
+def test_a_cluster_wide_operator_has_the_same_verbs_everywhere_and_no_more(chart_apiserver: ApiServer) -> None:
+    namespace = create_namespace(chart_apiserver, "all")
+    rendered = render(deep_merge(MINIMAL, {"operator": {"watchAllNamespaces": True}}), namespace=namespace)
+    apply_objects(chart_apiserver, [o for _, o in rendered.objects
+                                    if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")])
+    who = f"system:serviceaccount:{namespace}:{OPERATOR_SA}"
+    anywhere = create_namespace(chart_apiserver, "team")
+    assert [n for n in OPERATOR_NEEDS if not can_i(chart_apiserver, who, n[0], n[1], anywhere, *n[2:])] == []
+    allowed = [n for n in OPERATOR_MUST_NOT if can_i(chart_apiserver, who, n[0], n[1], anywhere, *n[2:])]
+    assert not allowed, f"the cluster-wide operator may {allowed}"
 
 
 def test_operator_has_nothing_outside_its_namespaces(chart_apiserver: ApiServer, release: tuple[str, Rendered]) -> None:

@@ -257,6 +257,30 @@ def test_rbac_is_namespaced_by_default() -> None:
             ]
 
 
+# (apiGroup, resource) -> verbs: every call the operator and kopf make (kube.py, kopf's patching,
+# watching and event posting), nothing else. test_chart_apiserver.py asks the API server the same.
+OPERATOR_RULES = {
+    ("hookline.io", "webhookproviders"): {"get", "list", "watch", "patch"},
+    ("hookline.io", "webhookproviders/status"): {"patch"},
+    ("hookline.io", "webhookproviders/finalizers"): {"update"},
+    ("", "secrets"): {"get", "create", "patch"},
+    ("apps", "deployments"): {"get", "create", "patch"},
+    ("apps", "deployments/scale"): {"patch"},
+    ("", "events"): {"create"},
+}
+
+
+@pytest.mark.parametrize("values", [{}, {"operator": {"watchAllNamespaces": True}}], ids=["Role", "ClusterRole"])
+def test_operator_rules_are_exactly_the_calls_it_makes(values: Obj) -> None:
+    rendered = render(deep_merge(MINIMAL, values))
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in rules_of(rendered, "ClusterRole" if values else "Role"):
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    assert granted == OPERATOR_RULES
+
+
 def test_rbac_per_watched_namespace() -> None:
     rendered = render_production()
     roles = {r["metadata"]["namespace"] for r in rendered.find("Role")}

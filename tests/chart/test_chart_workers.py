@@ -194,6 +194,12 @@ def test_handler_modules_reach_the_operator() -> None:
     ({"worker": {"resorces": {}}}, "'resorces'"),
     ({"worker": {"pullPolicy": "Sometimes"}}, "/worker/pullPolicy"),
     ({"worker": {"nodeSelector": {"pool": 1}}}, "/worker/nodeSelector/pool"),
+    ({"worker": {"tenantPlacement": {"allowTolerations": []}}}, "'allowTolerations'"),
+    ({"worker": {"tenantPlacement": {"allowedNodeSelectors": {"disk": "ssd"}}}},
+     "/worker/tenantPlacement/allowedNodeSelectors/disk"),
+    ({"worker": {"tenantPlacement": {"allowedTolerations": [{"key": "gpu", "operator": "Any"}]}}},
+     "/worker/tenantPlacement/allowedTolerations/0/operator"),
+    ({"worker": {"tenantPlacement": {"allowAffinity": "yes"}}}, "/worker/tenantPlacement/allowAffinity"),
     ({"database": {"maxConnections": -1}}, "/database/maxConnections"),
     ({"receiver": {"dbConnections": 0}}, "/receiver/dbConnections"),
 ])
@@ -217,13 +223,61 @@ def test_the_operator_builds_a_valid_deployment_from_the_template(worker: Obj) -
     deployment["metadata"]["namespace"] = "team-a"
     kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
     pod = deployment["spec"]["template"]
-    assert pod["spec"]["nodeSelector"] == {"pool": "own"}
+    # Nothing in worker.tenantPlacement: the request is not applied, the platform's placement is.
+    assert pod["spec"].get("nodeSelector") == worker.get("nodeSelector")
     container = pod["spec"]["containers"][0]
     database = [e for e in container["env"] if e["name"] == "HOOKLINE_DATABASE_URL"]
     assert database == [{"name": "HOOKLINE_DATABASE_URL",
                          "valueFrom": {"secretKeyRef": {"name": "shop-hookline-database", "key": "url"}}}]
     assert pod["metadata"]["labels"]["hookline.io/provider"] == "shop"
     assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+
+
+TENANT_PLACEMENT: Obj = {
+    "allowedNodeSelectors": {"disk": ["ssd", "nvme"]},
+    "allowedTolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "allowedPriorityClasses": ["payments-critical"],
+    "allowAffinity": False,
+}
+
+
+def test_tenant_placement_reaches_the_operator_and_defaults_to_nothing() -> None:
+    from hookline_operator import podtemplate
+    from hookline_operator.placement import TenantPlacement, Toleration
+
+    default = worker_template(render_default())
+    assert default["tenantPlacement"] == {"allowedNodeSelectors": {}, "allowedTolerations": [],
+                                          "allowedPriorityClasses": [], "allowAffinity": False}
+    text = render_default().one("ConfigMap", TEMPLATE_CONFIGMAP)["data"]["template.yaml"]
+    assert podtemplate.parse_template(text).tenant_placement == TenantPlacement()
+
+    rendered = render(deep_merge(MINIMAL, {"worker": {**WORKER_VALUES, "tenantPlacement": TENANT_PLACEMENT}}))
+    allowance = podtemplate.parse_template(
+        rendered.one("ConfigMap", TEMPLATE_CONFIGMAP)["data"]["template.yaml"]).tenant_placement
+    assert allowance.node_selectors == {"disk": {"ssd", "nvme"}}
+    assert list(allowance.tolerations) == [Toleration("gpu", "Exists", "", "NoSchedule")]
+    assert allowance.priority_classes == {"payments-critical"} and allowance.affinity is False
+
+
+def test_a_provider_adds_only_what_the_chart_allows_and_the_platform_stays() -> None:
+    from hookline_operator import podtemplate, resources
+
+    rendered = render(deep_merge(MINIMAL, {"worker": {**WORKER_VALUES, "tenantPlacement": TENANT_PLACEMENT}}))
+    template = podtemplate.parse_template(rendered.one("ConfigMap", TEMPLATE_CONFIGMAP)["data"]["template.yaml"])
+    control_plane = {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}
+    gpu = TENANT_PLACEMENT["allowedTolerations"][0]
+    workers = {"nodeSelector": {"disk": "ssd", "pool": "control-plane"}, "tolerations": [gpu, control_plane],
+               "priorityClassName": "system-cluster-critical", "affinity": {"podAffinity": {}}}
+    deployment = resources.worker_deployment("shop", {"workers": workers}, 1, template)
+    deployment["metadata"]["namespace"] = "team-a"
+    kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"pool": "workers", "disk": "ssd"}
+    assert spec["tolerations"] == [*WORKER_VALUES["tolerations"], gpu]
+    assert spec["priorityClassName"] == WORKER_VALUES["priorityClassName"]
+    assert spec["affinity"] == WORKER_VALUES["affinity"]
+    refused = podtemplate.provider_placement(template, workers).refused
+    assert len(refused) == 4, refused  # pool, the control-plane toleration, the priority class, affinity
 
 
 def test_a_template_setting_its_own_database_url_is_overridden() -> None:

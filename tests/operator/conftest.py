@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO / "tests" / "envtest"))
 
 from apiserver import ApiServer  # noqa: E402
 
-from support.kube import require_assets  # noqa: E402
+from support.kube import OWNER_REFERENCES_ENFORCED, require_assets  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -36,7 +36,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def apiserver() -> Iterator[ApiServer]:
     assets = require_assets()
-    with ApiServer(assets) as server:
+    # With the admission plugin that makes an owner reference with blockOwnerDeletion need `update` on
+    # webhookproviders/finalizers, as on clusters that enable it: the operator runs as the chart's Role.
+    with ApiServer(assets, extra_args=[OWNER_REFERENCES_ENFORCED]) as server:
         # Server-side apply: client-side apply stores the whole CRD in an annotation, and
         # schemas with descriptions outgrow its 256 KiB limit.
         applied = server.kubectl(

@@ -52,18 +52,29 @@ def test_a_row_with_our_uid_is_ours() -> None:
     assert claim_outcome(row("operator", "team-a", "stripe", "uid-a"), "uid-a").owned
 
 
-def test_another_resources_row_is_a_conflict_naming_it() -> None:
+def test_another_resources_row_is_a_conflict_that_does_not_name_it() -> None:
     claim = claim_outcome(row("operator", "team-b", "stripe", "uid-b"), "uid-a")
     assert claim.state is ClaimState.CONFLICT
+    # Known to the operator (the takeover check, its log)...
     assert (claim.owner_namespace, claim.owner_name, claim.owner_uid) == ("team-b", "stripe", "uid-b")
-    assert "WebhookProvider team-b/stripe" in claim.message("stripe")
-    assert "/webhooks/stripe" in claim.message("stripe")
+    assert claim.owner == "WebhookProvider team-b/stripe"
+    # ...but the claimant is told only that the name is taken.
+    message = claim.message("stripe")
+    assert "already taken" in message and "/webhooks/stripe" in message
+    assert "team-b" not in message and "uid-b" not in message and "WebhookProvider" not in message
 
 
-def test_cli_and_pre_ownership_rows_are_conflicts_with_a_way_out() -> None:
+def test_cli_and_pre_ownership_rows_are_conflicts_with_a_way_out_for_the_platform_team() -> None:
     assert claim_outcome(row("cli"), "uid-a").owner == CLI_OWNER
     assert claim_outcome(row(None), "uid-a").owner == LEGACY_OWNER
     assert "hookline providers delete" in CLI_OWNER
+
+
+def test_a_claimant_cannot_tell_who_holds_a_name() -> None:
+    # The same words whoever holds it: no probing which namespace, the CLI or an old row has a name.
+    holders = [row("operator", "team-b", "stripe", "uid-b"), row("operator", "team-c", "other", "uid-c"),
+               row("cli"), row(None)]
+    assert len({claim_outcome(holder, "uid-a").message("stripe") for holder in holders}) == 1
 
 
 def test_no_row_back_means_try_again_not_conflict() -> None:
@@ -137,13 +148,13 @@ def test_ready_when_everything_is_ours_and_synced() -> None:
     assert {c["observedGeneration"] for c in conditions} == {3}
 
 
-def test_name_conflict_is_the_ready_reason_and_names_the_owner() -> None:
+def test_name_conflict_is_the_ready_reason_and_never_names_the_owner() -> None:
     claim = Claim(ClaimState.CONFLICT, "WebhookProvider team-b/stripe", "team-b", "stripe", "uid-b")
     obs = observation(SyncState(False, "NameConflict", claim.message("stripe"), claim),
                       WorkersState(False, "WaitingForName", "no workers"))
     ready = condition(compose([], obs, None, 1), "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "NameConflict")
-    assert "team-b/stripe" in str(ready["message"])
+    assert "already taken" in str(ready["message"]) and "team-b" not in str(ready["message"])
 
 
 def test_a_foreign_deployment_is_a_resource_conflict() -> None:

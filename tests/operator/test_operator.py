@@ -17,25 +17,22 @@ import pytest
 from apiserver import ApiServer
 
 from hookline.core import migrations
-from hookline.core.embedded import EmbeddedPostgres, free_port
+from hookline.core.embedded import EmbeddedPostgres
 from support import senders
 from support.cluster import metric
 from support.endpoints import wait_for
 from support.inbox import insert_events
 from support.kube import eventually, kget
+from support.operator import permission_errors
+from support.operator import start_operator as operator_process
 from support.processes import ServiceProcess, receiver, worker
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 def start_operator(apiserver: ApiServer, namespace: str, database_url: str, log_dir: Path) -> ServiceProcess:
-    port = free_port()
-    return ServiceProcess(
-        ["operator", "--namespace", namespace, "--liveness", f"http://127.0.0.1:{port}/healthz", "--interval", "1",
-         "--log-level", "DEBUG"],
-        database_url, log_dir, port=port,
-        env={"KUBECONFIG": str(apiserver.kubeconfig), "HOOKLINE_WORKER_IMAGE": "hookline:test"},
-    ).start("/healthz", timeout=60)
+    """The operator as the chart's operator Role allows it (support/operator.py), never as the admin."""
+    return operator_process(apiserver, [namespace], database_url, log_dir, extra_args=("--log-level", "DEBUG"))
 
 
 @pytest.fixture
@@ -43,6 +40,8 @@ def operator(apiserver: ApiServer, namespace: str, database_url: str, log_dir: P
     proc = start_operator(apiserver, namespace, database_url, log_dir)
     yield proc
     proc.stop()
+    # Everything the test made the operator do was allowed by the chart's Role.
+    assert not permission_errors(proc.logs()), "\n".join(permission_errors(proc.logs())[:20])
 
 
 def get(apiserver: ApiServer, namespace: str, *what: str) -> dict[str, Any]:

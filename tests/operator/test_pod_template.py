@@ -12,7 +12,7 @@ import pytest
 from apiserver import ApiServer
 
 from support.kube import eventually, kget
-from support.operator import condition, start_operator
+from support.operator import condition, event_lines, start_operator
 from support.processes import ServiceProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chart"))
@@ -40,6 +40,9 @@ WORKER_VALUES: dict[str, Any] = {
     "extraEnvFrom": [{"configMapRef": {"name": "handler-config"}}],
     "podAnnotations": {"example.com/owner": "platform"},
     "podLabels": {"cost-center": "webhooks"},
+    "tenantPlacement": {"allowedNodeSelectors": {"disk": ["ssd"]},
+                        "allowedTolerations": [{"key": "big", "operator": "Exists", "effect": "NoSchedule"}],
+                        "allowedPriorityClasses": ["payments-critical"]},
 }
 
 PROVIDER = """
@@ -55,7 +58,7 @@ spec:
 """
 
 OVERRIDES = """    resources: {requests: {cpu: 500m, memory: 1Gi}, limits: {cpu: "4", memory: 2Gi}}
-    nodeSelector: {pool: big}
+    nodeSelector: {disk: ssd}
     tolerations: [{key: big, operator: Exists, effect: NoSchedule}]
     priorityClassName: payments-critical
 """
@@ -115,26 +118,60 @@ async def test_chart_values_reach_the_worker_deployment(apiserver: ApiServer, na
     for key in ("imagePullSecrets", "serviceAccountName", "priorityClassName", "nodeSelector", "tolerations",
                 "affinity"):
         assert spec[key] == WORKER_VALUES[key], key
+    assert "tenantPlacement" not in spec
     assert pod["metadata"]["annotations"]["example.com/owner"] == "platform"
     assert pod["metadata"]["labels"]["cost-center"] == "webhooks"
     assert pod["metadata"]["labels"]["hookline.io/provider"] == "plain"
 
-    # A provider overrides what its team may: resources, placement, priority; nothing else.
+    # A provider sets its resources and adds the placement the chart allows; the platform's stays.
     apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER.format(name="big", overrides=OVERRIDES))
     big = pod_of(apiserver, namespace, "big")["spec"]
     big_container = next(c for c in big["containers"] if c["name"] == "worker")
     assert big_container["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"},
                                           "limits": {"cpu": "4", "memory": "2Gi"}}
-    assert big["nodeSelector"] == {"pool": "big"}
-    assert big["tolerations"] == [{"key": "big", "operator": "Exists", "effect": "NoSchedule"}]
+    assert big["nodeSelector"] == {"pool": "workers", "disk": "ssd"}
+    assert big["tolerations"] == [*WORKER_VALUES["tolerations"],
+                                  {"key": "big", "operator": "Exists", "effect": "NoSchedule"}]
     assert big["priorityClassName"] == "payments-critical"
     assert big["affinity"] == WORKER_VALUES["affinity"] and big_container["image"] == WORKER_VALUES["image"]
+    eventually(lambda: condition(kget(apiserver, namespace, "whp", "big"), "Ready").get("status") == "True",
+               what="big Ready")
 
     # helm upgrade with a new value: the mounted file changes and every worker Deployment follows.
     template_file.write_text(chart_template({**WORKER_VALUES, "nodeSelector": {"pool": "workers-v2"}}))
     eventually(lambda: pod_of(apiserver, namespace, "plain")["spec"]["nodeSelector"] == {"pool": "workers-v2"},
                what="the new template on the existing Deployment")
-    assert pod_of(apiserver, namespace, "big")["spec"]["nodeSelector"] == {"pool": "big"}  # its override stays
+    eventually(lambda: pod_of(apiserver, namespace, "big")["spec"]["nodeSelector"]
+               == {"pool": "workers-v2", "disk": "ssd"}, what="the new platform value under big's addition")
+
+
+REFUSED = """    nodeSelector: {disk: ssd}
+    tolerations: [{key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}]
+    priorityClassName: system-cluster-critical
+"""
+
+
+async def test_placement_outside_the_allowance_is_refused_and_never_applied(
+        apiserver: ApiServer, namespace: str, operator: ServiceProcess) -> None:
+    apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER.format(name="greedy", overrides=REFUSED))
+    whp = eventually(lambda: (o := kget(apiserver, namespace, "whp", "greedy"))
+                     and condition(o, "Ready").get("reason") == "PlacementNotAllowed" and o,
+                     what="PlacementNotAllowed")
+    message = condition(whp, "Ready")["message"]
+    assert "node-role.kubernetes.io/control-plane" in message and "system-cluster-critical" in message
+    assert "disk" not in message  # allowed, so applied
+    # The workers run, with the platform's placement and the allowed addition only.
+    spec = pod_of(apiserver, namespace, "greedy")["spec"]
+    assert spec["tolerations"] == WORKER_VALUES["tolerations"]
+    assert spec["priorityClassName"] == WORKER_VALUES["priorityClassName"]
+    assert spec["nodeSelector"] == {"pool": "workers", "disk": "ssd"}
+    eventually(lambda: any(e.startswith("Warning PlacementNotAllowed: ") for e in event_lines(apiserver, namespace)),
+               what="a Warning Event")
+    # Asking only for what is allowed makes it Ready.
+    apiserver.kubectl("apply", "-n", namespace, "-f", "-",
+                      input=PROVIDER.format(name="greedy", overrides="    nodeSelector: {disk: ssd}\n"))
+    eventually(lambda: condition(kget(apiserver, namespace, "whp", "greedy"), "Ready").get("status") == "True",
+               what="Ready once the request is allowed")
 
 
 async def test_a_broken_template_is_reported_not_applied(apiserver: ApiServer, namespace: str,
@@ -147,3 +184,23 @@ async def test_a_broken_template_is_reported_not_applied(apiserver: ApiServer, n
                      what="InvalidWorkerTemplate")
     assert "container named 'worker'" in condition(whp, "Ready")["message"]
     assert pod_of(apiserver, namespace, "keep") == before
+
+
+async def test_a_tightened_allowance_takes_back_what_it_allowed(apiserver: ApiServer, namespace: str,
+                                                                operator: ServiceProcess, template_file: Path) -> None:
+    apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER.format(name="loose", overrides=OVERRIDES))
+    eventually(lambda: pod_of(apiserver, namespace, "loose")["spec"]["nodeSelector"].get("disk") == "ssd",
+               what="the allowed additions")
+    # helm upgrade: no tenant placement allowed any more, and a platform without tolerations or priority.
+    platform = {**WORKER_VALUES, "tolerations": [], "priorityClassName": "", "tenantPlacement": {}}
+    template_file.write_text(chart_template(platform))
+    whp = eventually(lambda: (o := kget(apiserver, namespace, "whp", "loose"))
+                     and condition(o, "Ready").get("reason") == "PlacementNotAllowed" and o,
+                     what="PlacementNotAllowed after the upgrade")
+    assert "disk=ssd" in condition(whp, "Ready")["message"]
+    # The Deployment holds exactly the platform's placement: nothing of the team's stays behind.
+    spec = eventually(lambda: (p := pod_of(apiserver, namespace, "loose")["spec"])
+                      and "priorityClassName" not in p and p, what="the priority class taken back")
+    assert spec["nodeSelector"] == WORKER_VALUES["nodeSelector"]
+    assert "tolerations" not in spec
+    assert spec["affinity"] == WORKER_VALUES["affinity"]

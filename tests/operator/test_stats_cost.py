@@ -21,6 +21,7 @@ from hookline.core import migrations
 from hookline.core.embedded import EmbeddedPostgres, free_port
 from support.cluster import apply, metric
 from support.kube import eventually
+from support.operator import operator_env
 from support.processes import ServiceProcess
 
 PROVIDERS = 200
@@ -87,7 +88,7 @@ async def test_two_hundred_providers_cost_one_statistics_query_per_tick(apiserve
         ["operator", "--namespace", namespace, "--liveness", f"http://127.0.0.1:{port}/healthz",
          "--interval", str(INTERVAL)],
         counted_database, log_dir, port=port,
-        env={"KUBECONFIG": str(apiserver.kubeconfig), "HOOKLINE_WORKER_IMAGE": "hookline:test"},
+        env=operator_env(apiserver, [namespace], log_dir),
     ).start("/healthz", timeout=60)
     conn = await asyncpg.connect(counted_database)
     try:

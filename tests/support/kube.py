@@ -22,6 +22,10 @@ ADVICE = (
     "(cached in ~/.cache/hookline/envtest), or point KUBEBUILDER_ASSETS at them"
 )
 
+# kube-apiserver flag: owner references with blockOwnerDeletion need `update` on the owner's
+# finalizers, as on clusters that enable the plugin; tests running the operator as its Role use it.
+OWNER_REFERENCES_ENFORCED = "--enable-admission-plugins=OwnerReferencesPermissionEnforcement"
+
 
 def require_assets() -> Path:
     """The envtest binaries; without them the test is skipped, or fails when HOOKLINE_REQUIRE_K8S=1."""

@@ -176,39 +176,42 @@ imagePullSecrets:
 {{- end }}
 {{- end }}
 
-{{- /* Exactly what the operator does, nothing more (kopf runs standalone: no peering objects). */}}
+{{- /* Exactly the calls the operator makes, nothing more (kopf runs standalone with scanning off: no
+peering objects, no CRD or namespace reads). Every write is a PATCH (kopf merge- and JSON-patches; the
+operator's own client patches), so no rule grants `update` except the finalizers one below.
+tests/chart/test_chart_apiserver.py asks the API server (`kubectl auth can-i`) for each verb here and
+runs the operator's scenarios as this role. */}}
 {{- define "hookline.operatorRules" -}}
-# Its own resource: watch it, patch finalizers/annotations (kopf's handler state) and the status.
+# Its own resource: kopf lists and watches it and patches finalizers and annotations (its handler
+# state); the operator gets one to check that a provider name's owner still exists.
 - apiGroups: [hookline.io]
   resources: [webhookproviders]
-  verbs: [get, list, watch, patch, update]
+  verbs: [get, list, watch, patch]
 - apiGroups: [hookline.io]
   resources: [webhookproviders/status]
-  verbs: [get, patch, update]
+  verbs: [patch]
 # Owner references with blockOwnerDeletion need this where OwnerReferencesPermissionEnforcement is on.
 - apiGroups: [hookline.io]
   resources: [webhookproviders/finalizers]
   verbs: [update]
-# The provider's signing Secret: read the one spec.signature.secretRef names, create it when absent,
-# rotate it. No list/watch: the operator never enumerates Secrets.
+# Its Secrets (signing secret, the workers' database credential, the destination key): read one by
+# name, create it when absent, patch it to rotate. No list/watch: it never enumerates Secrets.
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get, create, update, patch]
-# The per-provider worker Deployments it creates, updates and deletes...
+  verbs: [get, create, patch]
+# The per-provider worker Deployment: read by name, created, its pod template patched; never listed
+# or deleted (garbage collection removes it with its WebhookProvider)...
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, update, patch, delete]
-# ...and scales through the scale subresource (a separate resource for RBAC).
+  verbs: [get, create, patch]
+# ...and scaled through the scale subresource (a separate resource for RBAC).
 - apiGroups: [apps]
   resources: [deployments/scale]
-  verbs: [get, patch, update]
-# Kubernetes Events for every action (kopf posts core/v1 events; newer clients use events.k8s.io).
+  verbs: [patch]
+# Kubernetes Events for every action: kopf posts core/v1 Events, one per action, never patched.
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
-- apiGroups: [events.k8s.io]
-  resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 {{- end }}
 
 {{/* The worker image: worker.image, else the chart's image. */}}
@@ -216,12 +219,14 @@ imagePullSecrets:
 {{- default (include "hookline.image" .) .Values.worker.image }}
 {{- end }}
 
-{{/* The worker pod template the operator reads (templates/worker-template.yaml): `concurrency` and
+{{/* The worker pod template the operator reads (templates/worker-template.yaml): `concurrency`,
 a PodTemplateSpec whose container `worker` the operator completes with its command, probes, ports and
-the namespace's database Secret. */}}
+the namespace's database Secret, and `tenantPlacement`, what a provider may add to the pods' placement. */}}
 {{- define "hookline.workerTemplate" -}}
 {{- $w := .Values.worker -}}
 concurrency: {{ int $w.concurrency }}
+tenantPlacement:
+  {{- toYaml ($w.tenantPlacement | default dict) | nindent 2 }}
 pod:
   metadata:
     labels:

@@ -9,7 +9,9 @@ loopback, private, link-local or otherwise internal addresses — checked on the
 resolved address at connect time, so DNS cannot be used to slip past the check.
 IPv6 addresses that carry an IPv4 address (NAT64, 6to4, Teredo, IPv4-mapped and
 -compatible) are judged by the IPv4 address they lead to: ``64:ff9b::a00:5``
-reaches 10.0.0.5 through a NAT64 gateway, so it is as internal as 10.0.0.5.
+reaches 10.0.0.5 through a NAT64 gateway, so it is as internal as 10.0.0.5. Python's
+``ipaddress`` flags alone are not trusted (their tables differ between versions: on 3.11.7
+``fec0::/10`` and ``192.0.0.192`` are "global"), so an explicit deny list is checked as well.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import socket
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from ipaddress import IPv4Address, IPv6Address, IPv6Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
 
 import aiohttp
@@ -81,18 +83,71 @@ def embedded_ipv4(ip: IPv6Address) -> tuple[IPv4Address, ...]:
     return ()
 
 
+# Every block of the IANA IPv4 and IPv6 Special-Purpose Address Registries (RFC 6890 and its
+# updates, as of 2025), plus multicast and the deprecated site-local fec0::/10 (RFC 3879), refused
+# whatever Python's flags say. The few registry blocks that are globally reachable are anycast
+# services (PCP, TURN, AS112, AMT), never a webhook receiver, so they are refused too. Prefixes
+# that embed an IPv4 address (in _LAST_32_BITS, NAT64 local use, 6to4) are not listed: an address
+# in them is judged by the IPv4 address it leads to (see is_internal).
+DENIED_IPV4 = tuple(IPv4Network(n) for n in (
+    "0.0.0.0/8",  # "this network"
+    "10.0.0.0/8",  # private
+    "100.64.0.0/10",  # shared address space (carrier-grade NAT)
+    "127.0.0.0/8",  # loopback
+    "169.254.0.0/16",  # link-local (cloud metadata services)
+    "172.16.0.0/12",  # private
+    "192.0.0.0/24",  # IETF protocol assignments (DS-Lite, PCP and TURN anycast, NAT64 discovery)
+    "192.0.2.0/24",  # documentation (TEST-NET-1)
+    "192.31.196.0/24",  # AS112-v4
+    "192.52.193.0/24",  # AMT
+    "192.88.99.0/24",  # deprecated 6to4 relay anycast
+    "192.168.0.0/16",  # private
+    "192.175.48.0/24",  # AS112 direct delegation
+    "198.18.0.0/15",  # benchmarking
+    "198.51.100.0/24",  # documentation (TEST-NET-2)
+    "203.0.113.0/24",  # documentation (TEST-NET-3)
+    "224.0.0.0/4",  # multicast
+    "240.0.0.0/4",  # reserved, and 255.255.255.255 (limited broadcast) in it
+))
+DENIED_IPV6 = tuple(IPv6Network(n) for n in (
+    "::/128",  # unspecified
+    "::1/128",  # loopback
+    "100::/64",  # discard-only
+    "100:0:0:1::/64",  # dummy prefix
+    "2001::/23",  # IETF protocol assignments: Teredo, benchmarking, ORCHID, AMT, AS112
+    "2001:db8::/32",  # documentation
+    "2620:4f:8000::/48",  # AS112 direct delegation
+    "3fff::/20",  # documentation
+    "5f00::/16",  # segment routing (SRv6) SIDs
+    "fc00::/7",  # unique local
+    "fe80::/10",  # link-local
+    "fec0::/10",  # site-local (deprecated; Python 3.11.7 calls it global)
+    "ff00::/8",  # multicast
+))
+# Where IANA allocates global unicast IPv6 at all; everything outside it is reserved.
+_IPV6_GLOBAL_UNICAST = IPv6Network("2000::/3")
+# Prefixes judged by their embedded IPv4 address, not by the prefix (which may be reachable).
+_JUDGED_BY_IPV4 = (*_LAST_32_BITS, _NAT64_LOCAL_USE, _SIX_TO_FOUR)
+
+
 def _not_public(ip: IPv4Address | IPv6Address) -> bool:
-    return not ip.is_global or ip.is_multicast
+    """Denied by the list above, or not public by Python's own tables."""
+    if isinstance(ip, IPv4Address):
+        denied = any(ip in network for network in DENIED_IPV4)
+    else:
+        denied = ip not in _IPV6_GLOBAL_UNICAST or any(ip in network for network in DENIED_IPV6)
+    return denied or not ip.is_global or ip.is_multicast
 
 
 def is_internal(address: str) -> bool:
     """Whether outgoing webhooks must not reach ``address``: loopback, private, link-local,
-    shared, reserved, multicast — directly or through an IPv6 form that embeds such an IPv4."""
+    shared, reserved, special-purpose, multicast — directly or through an IPv6 form that embeds
+    such an IPv4."""
     ip = ipaddress.ip_address(address)
-    if isinstance(ip, IPv6Address) and (embedded := embedded_ipv4(ip)):
+    if isinstance(ip, IPv6Address) and any(ip in network for network in _JUDGED_BY_IPV4):
         # Judged by where the packet ends up; the prefixes themselves are not private
         # (Python's verdict on them also differs between versions).
-        return any(_not_public(v4) for v4 in embedded)
+        return any(_not_public(v4) for v4 in embedded_ipv4(ip))
     return _not_public(ip)
 
 
