@@ -35,12 +35,32 @@ async def _connect() -> asyncpg.Connection:
 
 
 async def migrate(args: argparse.Namespace) -> int:
+    from hookline.core import stored_secrets
+
     conn = await _connect()
     try:
         applied = await migrations.migrate(conn)
+        print("applied: " + ", ".join(applied) if applied else "schema is up to date")
+        for line in await stored_secrets.seal_plaintext(conn):
+            print(line, file=sys.stderr if line.startswith("warning") else sys.stdout)
     finally:
         await conn.close()
-    print("applied: " + ", ".join(applied) if applied else "schema is up to date")
+    return 0
+
+
+async def secrets_cmd(args: argparse.Namespace) -> int:
+    from hookline.core import secrets_at_rest, stored_secrets
+
+    ring = secrets_at_rest.required_ring("`hookline secrets rotate-key`")
+    conn = await _connect()
+    try:
+        report = await stored_secrets.reseal_all(conn, ring, rewrap=True)
+    except secrets_at_rest.SealedValueError as exc:
+        return _fail(f"{exc}; nothing was changed")
+    finally:
+        await conn.close()
+    for line in report.lines(ring):
+        print(line)
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -19,6 +20,7 @@ from typing import Any
 import asyncpg
 
 from hookline.core import db
+from hookline.core import secrets_at_rest as sealing
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.listener import Listener, Subscription
 from hookline.core.provider_spec import DEFAULT_MAX_BODY as DEFAULT_MAX_BODY
@@ -63,14 +65,35 @@ def active_secrets(stored: Iterable[Mapping[str, Any]], now: datetime | None = N
 
 async def upsert(conn: asyncpg.Connection, name: str, spec: Mapping[str, Any], secrets: list[dict[str, Any]]
                  ) -> str | None:
-    """Store a provider; returns the destination secret when this call created it (to show it once)."""
+    """Store a provider, its secrets sealed (encrypted at rest); returns the destination secret when
+    this call created it (to show it once)."""
     from hookline.core.signatures import get_scheme
 
+    ring = sealing.required_ring("storing a provider's signing secrets")
+    stored = _jsonb(await conn.fetchval(db.query("get_provider_secrets"), name))
+    # An unchanged secret keeps its ciphertext: re-applying the same file rewrites nothing secret.
+    sealed = sealing.seal_entries(ring, secrets, sealing.provider_secrets_context(name), stored or [])
     fresh = get_scheme("standard-webhooks").generate_secret()
-    row = await conn.fetchrow(db.query("upsert_provider"), name, spec, secrets, fresh)
+    row = await conn.fetchrow(db.query("upsert_provider"), name, spec, sealed,
+                              ring.seal(fresh, sealing.destination_secret_context(name)))
     if row is None:
         await _raise_if_owned(conn, name)
     return fresh if row is not None and row["secret_is_new"] else None
+
+
+def _jsonb(value: Any) -> Any:
+    # The pool's connections decode jsonb; a bare asyncpg connection returns text.
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def stored_secrets(ring: sealing.KeyRing | None, name: str, stored: Any) -> list[dict[str, Any]]:
+    """A provider's stored ``secrets`` column, opened: [{"value", "notAfter"}] in plaintext."""
+    return sealing.open_entries(ring, _jsonb(stored) or [], sealing.provider_secrets_context(name))
+
+
+def stored_destination_secret(ring: sealing.KeyRing | None, name: str, stored: str | None) -> str | None:
+    """A provider's stored ``destination_secret`` column, opened."""
+    return sealing.open_value(ring, stored, sealing.destination_secret_context(name)) if stored else None
 
 
 async def delete(conn: asyncpg.Connection, name: str) -> bool:
@@ -124,7 +147,7 @@ async def _kept_or_generated_secrets(conn: asyncpg.Connection, name: str, spec: 
     """The provider's stored secrets; else a new one for schemes that sign (returned to show once)."""
     existing = await conn.fetchval(db.query("get_provider_secrets"), name)
     if existing:
-        return list(existing), None
+        return stored_secrets(sealing.required_ring("reading a provider's signing secrets"), name, existing), None
     signature = spec.get("signature")
     scheme = signature.get("scheme") if isinstance(signature, dict) else None
     if scheme in (None, "none"):
@@ -150,14 +173,20 @@ async def _raise_if_owned(conn: asyncpg.Connection, name: str) -> None:
 
 
 async def load_all(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, Provider]:
-    """Every stored provider, parsed; a row that no longer parses is logged and skipped."""
+    """Every stored provider, parsed, its secrets opened; a row that no longer parses or whose secrets
+    do not open is logged (without them) and skipped. A bad key file is a SecretKeyError."""
+    ring = sealing.configured_ring()
     providers = {}
     for row in await conn.fetch(db.query("list_providers")):
+        name = row["name"]
         try:
-            providers[row["name"]] = parse_provider(row["name"], row["spec"], active_secrets(row["secrets"]),
-                                                    row["destination_secret"])
+            secrets = active_secrets(stored_secrets(ring, name, row["secrets"]))
+            providers[name] = parse_provider(name, row["spec"], secrets,
+                                             stored_destination_secret(ring, name, row["destination_secret"]))
         except SpecError as exc:
-            log.error("stored provider is invalid; ignoring it", extra={"provider": row["name"], "error": str(exc)})
+            log.error("stored provider is invalid; ignoring it", extra={"provider": name, "error": str(exc)})
+        except (sealing.SecretKeyError, sealing.SealedValueError) as exc:
+            log.error("stored provider's secrets do not open; ignoring it", extra={"provider": name, "error": str(exc)})
     return providers
 
 
