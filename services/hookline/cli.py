@@ -174,7 +174,10 @@ def configure_worker_parser(subparsers: Subparsers) -> None:
         "out-of-order events. Run as many as you like, on as many hosts as you like.",
         examples="  hookline worker                               every provider\n"
         "  hookline worker --provider stripe --provider github --concurrency 32\n"
-        "  hookline worker --sweep                       also requeue expired leases\n")
+        "  hookline worker --sweep                       also requeue expired leases\n",
+        environment=ENVIRONMENT + "  HOOKLINE_DESTINATION_SECRET_FILE  for a tenant's workers (as the operator runs\n"
+        "                          them): the destination signing secret of the one --provider, from this file;\n"
+        "                          no secret column is read and no key file is needed\n")
     p.add_argument("--provider", action="append", dest="providers", metavar="NAME",
                    help="only this provider (repeatable; default: all providers)")
     p.add_argument("--concurrency", type=int, default=16, help="events processed at once (default 16)")

@@ -4,8 +4,10 @@ answer printed (argument parsing lives in cli.py; the domain operations in core/
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
@@ -135,6 +137,20 @@ async def receiver(args: argparse.Namespace) -> int:
     return 0
 
 
+def _destination_secret_file(providers: list[str] | None) -> Path | None:
+    """HOOKLINE_DESTINATION_SECRET_FILE: the destination signing secret of the worker's one provider, as
+    the operator mounts it into a tenant's workers (they have no key to open the stored one)."""
+    from hookline.core.config import ConfigError
+
+    configured = os.environ.get("HOOKLINE_DESTINATION_SECRET_FILE", "").strip()
+    if not configured:
+        return None
+    if len(providers or []) != 1:
+        raise ConfigError("HOOKLINE_DESTINATION_SECRET_FILE is one provider's destination secret: "
+                          "run the worker with exactly one --provider")
+    return Path(configured)
+
+
 async def worker(args: argparse.Namespace) -> int:
     from hookline.core.http import ops_app, serve
     from hookline.core.maintenance import Maintainer, inbox_maintainer, partitions_maintainer
@@ -143,6 +159,7 @@ async def worker(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1:
         return _fail("--concurrency must be at least 1")
+    destination_secret_file = _destination_secret_file(args.providers)
     # Connections open as load asks for them (an idle worker holds a few), up to the size the operator's
     # connection budget counts per worker pod: the pool, the shared LISTEN and the maintenance leader's lock.
     # A sweeping worker also takes part in the partition manager's election: one more lock connection,
@@ -153,7 +170,7 @@ async def worker(args: argparse.Namespace) -> int:
                                 lean=True, generic_plans=True)
     listener = Listener(DedicatedConnection())
     await listener.start()
-    registry = ProviderRegistry(pool, listener=listener)
+    registry = ProviderRegistry(pool, listener=listener, destination_secret_file=destination_secret_file)
     await registry.start()
     unknown = [n for n in args.providers or [] if registry.get(n) is None]
     if unknown:

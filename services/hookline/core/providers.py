@@ -15,6 +15,7 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -172,9 +173,15 @@ async def _raise_if_owned(conn: asyncpg.Connection, name: str) -> None:
         raise ProviderOwned(name, owner["owner_namespace"], owner["owner_name"])
 
 
-async def load_all(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, Provider]:
+async def load_all(conn: asyncpg.Connection | asyncpg.Pool, destination_secret_file: Path | None = None
+                   ) -> dict[str, Provider]:
     """Every stored provider, parsed, its secrets opened; a row that no longer parses or whose secrets
-    do not open is logged (without them) and skipped. A bad key file is a SecretKeyError."""
+    do not open is logged (without them) and skipped. A bad key file is a SecretKeyError.
+
+    With ``destination_secret_file`` (a tenant's worker: see worker_providers) no secret column is
+    read: the destination secret is that file's, and signatures are never checked there."""
+    if destination_secret_file is not None:
+        return await _load_for_tenant_worker(conn, destination_secret_file)
     ring = sealing.configured_ring()
     providers = {}
     for row in await conn.fetch(db.query("list_providers")):
@@ -190,12 +197,38 @@ async def load_all(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, Provide
     return providers
 
 
+async def _load_for_tenant_worker(conn: asyncpg.Connection | asyncpg.Pool, destination_secret_file: Path
+                                  ) -> dict[str, Provider]:
+    try:  # re-read at every load: the mounted Secret is updated in place when the secret rotates
+        destination_secret = destination_secret_file.read_text().strip() or None
+        problem = None if destination_secret else "is empty"
+    except OSError as exc:
+        destination_secret, problem = None, f"cannot be read: {exc.strerror}"
+    providers = {}
+    for row in await conn.fetch(db.query("list_provider_specs")):
+        name = row["name"]
+        try:
+            provider = parse_provider(name, row["spec"], (), destination_secret)
+        except SpecError as exc:
+            log.error("stored provider is invalid; ignoring it", extra={"provider": name, "error": str(exc)})
+            continue
+        if provider.destination is not None and problem:
+            # Fail closed: no destination call leaves unsigned; the events wait for the secret.
+            log.error("the destination secret file %s; not working for this provider", problem,
+                      extra={"provider": name, "file": str(destination_secret_file)})
+            continue
+        providers[name] = provider
+    return providers
+
+
 class ProviderRegistry:
     """The providers, kept current in memory: re-read on NOTIFY (through the process's
     ``Listener``), after the listener reconnects, and every ``refresh`` seconds."""
 
-    def __init__(self, pool: asyncpg.Pool, refresh: float = 30.0, listener: Listener | None = None) -> None:
+    def __init__(self, pool: asyncpg.Pool, refresh: float = 30.0, listener: Listener | None = None,
+                 destination_secret_file: Path | None = None) -> None:
         self._pool = pool
+        self._destination_secret_file = destination_secret_file
         self._refresh = refresh
         self._providers: dict[str, Provider] = {}
         self._changed = asyncio.Event()
@@ -213,7 +246,7 @@ class ProviderRegistry:
         return dict(self._providers)
 
     async def reload(self) -> None:
-        self._providers = await load_all(self._pool)
+        self._providers = await load_all(self._pool, self._destination_secret_file)
         self.loaded.set()
 
     async def start(self) -> None:

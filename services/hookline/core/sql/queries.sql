@@ -24,6 +24,11 @@ SELECT managed_by, owner_namespace, owner_name, owner_uid FROM hookline.provider
 SELECT name, spec, secrets, destination_secret, updated_at, managed_by, owner_namespace, owner_name
 FROM hookline.providers ORDER BY name;
 
+-- name: list_provider_specs
+-- A tenant's workers (operator-made, with the destination secret as a file): no secret column,
+-- which their role may not read (migration 0026).
+SELECT name, spec FROM hookline.providers ORDER BY name;
+
 -- name: get_provider_secrets
 SELECT secrets FROM hookline.providers WHERE name = $1;
 
