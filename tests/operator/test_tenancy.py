@@ -15,6 +15,8 @@ import asyncpg
 import pytest
 from apiserver import ApiServer
 
+from hookline.core.providers import stored_destination_secret, stored_secrets
+from hookline.core.secrets_at_rest import configured_ring
 from support.inbox import create_effect_tables, insert_events, wait_for
 from support.kube import eventually, kget
 from support.operator import condition, event_lines, start_operator
@@ -90,15 +92,16 @@ async def test_a_namespace_holds_no_credential_for_another_namespace(apiserver: 
         destination = eventually(lambda: secrets_in(apiserver, team_b).get(f"{pb}-destination-secret"),
                                  what="the destination Secret")["secret"]
         assert owner_uid(apiserver, team_b, f"{pb}-destination-secret") == whp_b["metadata"]["uid"]
-        assert destination == await pool.fetchval("SELECT destination_secret FROM hookline.providers WHERE name = $1",
-                                                  pb)
+        assert destination == stored_destination_secret(configured_ring(), pb, await pool.fetchval(
+            "SELECT destination_secret FROM hookline.providers WHERE name = $1", pb))
         assert destination not in json.dumps(kget(apiserver, team_b, "whp", pb))
         assert all(destination not in e for e in event_lines(apiserver, team_b))
         assert f"{pa}-destination-secret" not in secrets_in(apiserver, team_a)  # a handler signs nothing
 
         await insert_events(pool, pa, 3)
         await insert_events(pool, pb, 4)
-        signing_b = await pool.fetchval("SELECT secrets->0->>'value' FROM hookline.providers WHERE name = $1", pb)
+        signing_b = stored_secrets(configured_ring(), pb, await pool.fetchval(
+            "SELECT secrets FROM hookline.providers WHERE name = $1", pb))[0]["value"]
 
         # Every database URL anyone can read in team-a's namespace reaches team-a's rows only.
         urls = [v for data in secrets_in(apiserver, team_a).values() for v in data.values()
