@@ -83,3 +83,19 @@ def log_dir(tmp_path: Path) -> Path:
     d = tmp_path / "logs"
     d.mkdir()
     return d
+
+
+@pytest.fixture(scope="session")
+def scram_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    """A server where every role but the superuser must prove its password (as in production): for
+    tests that log in as the roles the operator makes (tests/test_tenant_roles.py, test_tenant_boundary.py)."""
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("scram"))
+    server.start()
+    (server.pgdata / "pg_hba.conf").write_text(
+        "host all postgres 127.0.0.1/32 trust\n"
+        "host all all 127.0.0.1/32 scram-sha-256\n")
+    server._run("pg_ctl", "-D", str(server.pgdata), "reload")
+    try:
+        yield server
+    finally:
+        server.stop("immediate")

@@ -14,8 +14,7 @@ from support.endpoints import wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-LEADER_PID = ("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
-              "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+LEASE_HOLDER = "SELECT holder FROM hookline.maintenance_leaders WHERE scope = 'test' AND expires_at > now()"
 
 
 class Runs:
@@ -58,12 +57,15 @@ async def test_one_leader_runs_leader_jobs_and_another_takes_over_when_its_conne
         # The leader's database connection dies, and (gated) it cannot get a new one.
         connections[leader].gate.clear()
         rescued_before = len(runs.of("rescue"))
-        assert await pool.fetchval("SELECT pg_terminate_backend(($1)::int)", await pool.fetchval(LEADER_PID))
+        assert await pool.fetchval(LEASE_HOLDER) == maintainers[leader].holder
+        leader_connection = connections[leader].last
+        assert leader_connection is not None
+        assert await pool.fetchval("SELECT pg_terminate_backend($1)", leader_connection.get_server_pid())
         await wait_for(lambda: maintainers[other].is_leader)
         assert not maintainers[leader].is_leader
         await wait_for(lambda: other in runs.of("rescue")[rescued_before:])
 
-        # Back online, the old leader stays a follower: the lock is taken.
+        # Back online, the old leader stays a follower: the lease is held.
         connections[leader].gate.set()
         await wait_for(lambda: connections[leader].opened == 2)
         handover = len(runs.of("rescue"))
@@ -73,12 +75,8 @@ async def test_one_leader_runs_leader_jobs_and_another_takes_over_when_its_conne
     finally:
         for m in maintainers.values():
             await m.stop()
-    # Stopping ends the session, and the lock with it.
-    await wait_for(lambda: _no_leader(pool))
-
-
-async def _no_leader(pool: asyncpg.Pool) -> bool:
-    return await pool.fetchval(LEADER_PID) is None
+    # The leader that stops hands its lease over at once.
+    assert await pool.fetchval(LEASE_HOLDER) is None
 
 
 async def test_the_rescuer_waits_as_the_retry_policy_says(pool: asyncpg.Pool) -> None:

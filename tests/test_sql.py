@@ -79,9 +79,9 @@ def nodes(plan: object) -> list[dict[str, Any]]:
 
 
 def is_ddl(sql: str) -> bool:
-    """Statements EXPLAIN cannot plan (CREATE ...); they are run and rolled back instead."""
+    """Statements EXPLAIN cannot plan (CREATE ..., LOCK, SET); they are run and rolled back instead."""
     code = " ".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
-    return code.split(None, 1)[0].upper() in ("CREATE", "ALTER", "DROP")
+    return code.split(None, 1)[0].upper() in ("CREATE", "ALTER", "DROP", "LOCK", "SET")
 
 
 async def test_every_statement_as_written_plans(planner: asyncpg.Connection) -> None:

@@ -95,7 +95,8 @@ async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any)
     memo.kube = Kube()
     # Lean: no RESET ALL / UNLISTEN * / CLOSE ALL / advisory unlock per release (four statements per
     # acquire, per resource and tick); nothing here leaves session state behind.
-    memo.pool = await db.create_pool(min_size=1, max_size=pools.OPERATOR - pools.LEADER_LOCK, lean=True)
+    memo.pool = await db.create_pool(min_size=1, max_size=pools.OPERATOR - pools.LEADER_LOCK, lean=True,
+                                     pinned_search_path=True)
     # Its own connection (HOOKLINE_DATABASE_URL), counted in pools.OPERATOR but not taken from the pool.
     memo.maintainer = Maintainer("inbox", [stats.refresher(memo.pool, memo.stats, memo.interval), lease_sweeper(memo)],
                                  DedicatedConnection())

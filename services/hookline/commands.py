@@ -29,7 +29,7 @@ def _fail(message: str) -> int:
 
 async def _connect() -> asyncpg.Connection:
     try:
-        return await db.connect()
+        return await db.connect(pinned_search_path=True)
     except db.DATABASE_ERRORS as exc:
         from hookline.core.config import ConfigError, database_url, redact_url
 
@@ -43,6 +43,9 @@ async def migrate(args: argparse.Namespace) -> int:
     try:
         applied = await migrations.migrate(conn)
         print("applied: " + ", ".join(applied) if applied else "schema is up to date")
+        warning = await migrations.public_schema_warning(conn)
+        if warning:
+            print(f"hookline: warning: {warning}", file=sys.stderr)
         for line in await stored_secrets.seal_plaintext(conn):
             print(line, file=sys.stderr if line.startswith("warning") else sys.stdout)
     finally:
@@ -119,7 +122,7 @@ async def receiver(args: argparse.Namespace) -> int:
 
     # The registry's LISTEN connection is the listener's, outside the pool; the total stays pools.receiver.
     size = pools.pool_size(pools.receiver(args.db_connections))
-    pool = await db.create_pool(min_size=size, max_size=size, lean=True)
+    pool = await db.create_pool(min_size=size, max_size=size, lean=True, pinned_search_path=True)
     listener = Listener(DedicatedConnection())
     await listener.start()
     registry = ProviderRegistry(pool, listener=listener)
@@ -167,10 +170,11 @@ async def worker(args: argparse.Namespace) -> int:
     locks = 2 if args.sweep else 1
     pool = await db.create_pool(min_size=2, max_size=pools.pool_size(pools.worker(args.concurrency) + locks - 1,
                                                                   locks=locks),
-                                lean=True, generic_plans=True)
+                                lean=True, generic_plans=True, pinned_search_path=True)
     listener = Listener(DedicatedConnection())
     await listener.start()
-    registry = ProviderRegistry(pool, listener=listener, destination_secret_file=destination_secret_file)
+    registry = ProviderRegistry(pool, listener=listener, signing_secrets=False,
+                                destination_secret_file=destination_secret_file)
     await registry.start()
     unknown = [n for n in args.providers or [] if registry.get(n) is None]
     if unknown:
@@ -247,7 +251,7 @@ async def relay(args: argparse.Namespace) -> int:
     # The pool, the LISTEN connection and the outbox's and partitions' leader locks: pools.relay in all.
     # Lean: no reset round trip per release (nothing in the relay leaves session state behind).
     pool = await db.create_pool(max_size=pools.pool_size(pools.relay(args.concurrency), locks=pools.RELAY_LOCKS),
-                                lean=True, generic_plans=True)
+                                lean=True, generic_plans=True, pinned_search_path=True)
     listener = Listener(DedicatedConnection())
     service = Relay(pool, concurrency=args.concurrency, allow_private_networks=allow_private,
                     host=args.host, port=args.port, poll_interval=args.poll_interval,

@@ -107,7 +107,7 @@ async def _run_stack(args: argparse.Namespace, url: str) -> None:
     from hookline.relay.service import Relay
     from hookline.worker.service import Worker
 
-    pool = await db.create_pool(url, max_size=36, lean=True)
+    pool = await db.create_pool(url, max_size=36, lean=True, pinned_search_path=True)
     listener = Listener(DedicatedConnection(url))
     await listener.start()
     registry = ProviderRegistry(pool, listener=listener)

@@ -308,18 +308,16 @@ spec:
     assert "not-base64" not in json.dumps(whp)
 
 
-# The inbox scope's maintenance leader (core/maintenance.py, try_maintenance_lock): who holds the lock.
-INBOX_LEADERS = ("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 "
-                 "AND classid = (hashtext('hookline.maintenance')::bigint & 4294967295)::oid "
-                 "AND objid = (hashtext('inbox')::bigint & 4294967295)::oid")
+# The inbox scope's maintenance leader (core/maintenance.py, take_maintenance_lease): who holds the lease.
+INBOX_LEADERS = "SELECT holder FROM hookline.maintenance_leaders WHERE scope = 'inbox' AND expires_at > now()"
 
 
-async def _inbox_leaders(pool: asyncpg.Pool) -> list[int]:
-    return [r["pid"] for r in await pool.fetch(INBOX_LEADERS)]
+async def _inbox_leaders(pool: asyncpg.Pool) -> list[str]:
+    return [r["holder"] for r in await pool.fetch(INBOX_LEADERS)]
 
 
-async def _one_leader_not(pool: asyncpg.Pool, gone: set[int]) -> int | None:
-    """The single inbox leader's backend pid once it is not one of ``gone``'s sessions."""
+async def _one_leader_not(pool: asyncpg.Pool, gone: set[str]) -> str | None:
+    """The single inbox leader (host:pid:maintainer) once it is not one of ``gone``."""
     leaders = await _inbox_leaders(pool)
     assert len(leaders) <= 1, leaders  # never two sweepers at once
     return leaders[0] if leaders and leaders[0] not in gone else None

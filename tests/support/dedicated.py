@@ -17,9 +17,11 @@ class GatedConnection(DedicatedConnection):
         self.gate = asyncio.Event()
         self.gate.set()
         self.opened = 0
+        self.last: asyncpg.Connection | None = None  # the connection opened last
 
     async def open(self) -> asyncpg.Connection:
         await self.gate.wait()
         conn = await super().open()
         self.opened += 1
+        self.last = conn
         return conn

@@ -120,6 +120,10 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ .Values.retention.deadDays | quote }}
 - name: HOOKLINE_RETENTION_DEDUP_DAYS
   value: {{ .Values.retention.dedupDays | quote }}
+- name: HOOKLINE_RETENTION_MAX_DONE_HOURS
+  value: {{ .Values.retention.maxDoneHours | quote }}
+- name: HOOKLINE_RETENTION_MAX_DEAD_DAYS
+  value: {{ .Values.retention.maxDeadDays | quote }}
 - name: HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS
   value: {{ .Values.retention.endpoints.doneHours | quote }}
 - name: HOOKLINE_ENDPOINT_RETENTION_DEAD_DAYS

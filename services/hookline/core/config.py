@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 
-class ConfigError(Exception):
-    """Bad or missing configuration; the message says what to set."""
+class ConfigError(ValueError):
+    """Bad or missing configuration; the message says what to set. A ValueError, as a bad value is."""
 
 
 def database_url() -> str:

@@ -130,9 +130,15 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
     """Skip asyncpg's reset query on release (it still aborts open transactions and drops listeners)."""
 
 
+# The search path of connections that run only Hookline's own statements (receiver, relay, operator,
+# the CLI, LISTEN and leader connections): nothing any role created in schema public can stand in for
+# a built-in function there. Workers keep the role's path, as handlers name their own tables.
+PINNED_SEARCH_PATH = {"search_path": "pg_catalog, pg_temp"}
+
+
 async def create_pool(
     url: str | None = None, *, min_size: int = 1, max_size: int = 10, command_timeout: float = 30.0,
-    lean: bool = False, generic_plans: bool = False,
+    lean: bool = False, generic_plans: bool = False, pinned_search_path: bool = False,
 ) -> asyncpg.Pool:
     """A pool with Hookline's type codecs; ``url`` defaults to HOOKLINE_DATABASE_URL.
 
@@ -147,7 +153,11 @@ async def create_pool(
     to run). Hookline's statements are written for generic plans (no value-dependent
     shapes); code of others on such a pool (handlers) sets ``SET LOCAL plan_cache_mode =
     auto`` in its transaction (``hookline.worker.processing``).
+
+    ``pinned_search_path``: see PINNED_SEARCH_PATH.
     """
+    settings = {**({"plan_cache_mode": "force_generic_plan"} if generic_plans else {}),
+                **(PINNED_SEARCH_PATH if pinned_search_path else {})}
     pool = await asyncpg.create_pool(
         url or database_url(),
         min_size=min_size,
@@ -155,15 +165,16 @@ async def create_pool(
         command_timeout=command_timeout,
         init=_init_connection,
         **({"reset": _keep_session} if lean else {}),
-        **({"server_settings": {"plan_cache_mode": "force_generic_plan"}} if generic_plans else {}),
+        **({"server_settings": settings} if settings else {}),
     )
     assert pool is not None
     metrics.track_pool(pool)
     return pool
 
 
-async def connect(url: str | None = None) -> asyncpg.Connection:
+async def connect(url: str | None = None, *, pinned_search_path: bool = False) -> asyncpg.Connection:
     """A single connection (for LISTEN, migrations and one-shot commands)."""
-    conn = await asyncpg.connect(url or database_url())
+    conn = await asyncpg.connect(url or database_url(),
+                                 **({"server_settings": PINNED_SEARCH_PATH} if pinned_search_path else {}))
     await _init_connection(conn)
     return conn

@@ -28,7 +28,7 @@ class DedicatedConnection:
     async def open(self) -> asyncpg.Connection:
         if isinstance(self._source, asyncpg.Pool):
             return await self._source.acquire()
-        return await db.connect(self._source)
+        return await db.connect(self._source, pinned_search_path=True)
 
     async def close(self, conn: asyncpg.Connection) -> None:
         # Terminated rather than reset: its LISTENs and locks end with the session.

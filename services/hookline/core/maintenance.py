@@ -3,11 +3,13 @@
 River's shape: each housekeeping task is a small named job (the lease rescuer, the stats
 refresher, the inbox's partition manager, the relay's outbox cleaner), and the jobs that act on the shared database run
 only on the elected leader of their *scope* (``inbox``, ``outbox``, ``partitions``), so N workers or relays
-do the work once, not N times. Leadership is a session-level ``pg_try_advisory_lock`` on a
-dedicated connection (``core/dedicated.py``): held while that connection lives, so a leader
-that dies or loses its connection frees it at once, and a process that is not the leader
-asks again every ``election_interval``. Jobs flagged ``per_process`` (this process's own
-gauges) run everywhere.
+do the work once, not N times. Leadership is a lease in ``hookline.maintenance_leaders``, a table only
+the schema's owner can write (migration 0025; an advisory lock, which this used before, can be taken by
+any role, a tenant's included, and would have stopped the housekeeping of every team). The leader renews
+its lease every ``election_interval`` on a dedicated connection (``core/dedicated.py``) and steps down as
+soon as a renewal fails, a whole interval before the lease (three intervals) runs out; a leader that dies
+is replaced once its lease has run out, one that stops hands the lease over at once. Jobs flagged
+``per_process`` (this process's own gauges) run everywhere.
 
 ``sweep_once`` is the rescuer's one pass. The operator runs the same rescuer in its own ``inbox``
 maintainer (operator/hookline_operator/handlers.py), so operators and ``worker --sweep`` elect one.
@@ -19,7 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -35,7 +40,8 @@ log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL = 5.0  # seconds between lease rescues
 STATS_INTERVAL = 5.0  # seconds between gauge refreshes
-ELECTION_INTERVAL = 5.0  # seconds between a non-leader's attempts to become the leader
+ELECTION_INTERVAL = 5.0  # seconds between a leader's renewals and a non-leader's attempts to take the lease
+LEASE_INTERVALS = 3  # a lease lasts this many election intervals
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,10 @@ class Maintainer:
         self.jobs = tuple(jobs)
         self._connection = connection
         self.election_interval = election_interval
+        self.lease_seconds = LEASE_INTERVALS * election_interval
+        # Who holds the lease, for people reading the table: host, process and this maintainer.
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._conn: asyncpg.Connection | None = None
         self.leader = asyncio.Event()  # set while this process is the scope's leader
         self._leadership_changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -71,6 +81,12 @@ class Maintainer:
     async def stop(self) -> None:
         await cancel_and_wait(*self._tasks)
         self._tasks = []
+        if self._conn is not None and self.is_leader:
+            with contextlib.suppress(Exception):  # the lease runs out by itself otherwise
+                await self._conn.execute(db.query("resign_maintenance_lease"), self.scope, self.holder,
+                                         timeout=self.election_interval)
+        self._set_leader(False)
+        await self._drop_connection()
 
     # --- scheduling ---------------------------------------------------------------------------
 
@@ -108,24 +124,25 @@ class Maintainer:
 
     async def _elect(self) -> None:
         while True:
-            conn: asyncpg.Connection | None = None
             try:
-                conn = await self._connection.open()
-                # Polls the database (another process holds the lock), not a flag of ours.
-                while not await conn.fetchval(db.query("try_maintenance_lock"), self.scope):  # noqa: ASYNC110
-                    await asyncio.sleep(self.election_interval)
-                self._set_leader(True)
-                await self._connection.wait_lost(conn)
-                log.warning("maintenance leader's connection lost", extra={"scope": self.scope})
+                if self._conn is None:
+                    self._conn = await self._connection.open()
+                # Bounded by one interval: a renewal that hangs (a partition) is a renewal that failed.
+                held = await self._conn.fetchval(db.query("take_maintenance_lease"), self.scope, self.holder,
+                                                 self.lease_seconds, timeout=self.election_interval)
+                self._set_leader(bool(held))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("maintenance election failed; retrying", extra={"scope": self.scope, "error": str(exc)})
-            finally:
                 self._set_leader(False)
-                if conn is not None:
-                    await self._connection.close(conn)  # ends the session, and the lock with it
+                await self._drop_connection()
             await asyncio.sleep(self.election_interval)
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await self._connection.close(conn)
 
 
 # --- the jobs -------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Versioned schema migrations, applied in order and recorded in hookline.schema_migrations.
 
-A transaction-level advisory lock serializes concurrent runs: N processes starting
-at once all call ``migrate``; the first applies, the others wait and then find
-nothing left to do.
+A lock on hookline.schema_migrations serializes concurrent runs: N processes starting at
+once all call ``migrate``; the first applies, the others wait and then find nothing left
+to do. It is a table lock, not an advisory key, so that no tenant role can hold it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from hookline.core import db
 
 log = logging.getLogger(__name__)
 
-# Any constant shared by every Hookline process; "hookline" as a 64-bit integer.
-_ADVISORY_LOCK_KEY = 0x686F6F6B6C696E65 - 2**63
+# Serializes only the very first run on a database (schema_migrations.sql, lock_bootstrap);
+# "hookline" as a 64-bit integer.
+_BOOTSTRAP_LOCK_KEY = 0x686F6F6B6C696E65 - 2**63
 
 
 def _query(name: str) -> str:
@@ -40,9 +41,12 @@ async def migrate(conn: asyncpg.Connection, up_to: int | None = None) -> list[st
     populate the schema as it was); return the names applied."""
     applied_now: list[str] = []
     async with conn.transaction():
-        await conn.execute(_query("lock_migrations"), _ADVISORY_LOCK_KEY)
-        await conn.execute(_query("create_schema"))
-        await conn.execute(_query("create_schema_migrations"))
+        await conn.execute(_query("pin_search_path"))
+        if not await conn.fetchval(_query("schema_migrations_exists")):
+            await conn.execute(_query("lock_bootstrap"), _BOOTSTRAP_LOCK_KEY)
+            await conn.execute(_query("create_schema"))
+            await conn.execute(_query("create_schema_migrations"))
+        await conn.execute(_query("lock_migrations"))
         done = {r["version"] for r in await conn.fetch(_query("applied_migrations"))}
         for version, name, sql in available():
             if version in done or (up_to is not None and version > up_to):
@@ -52,3 +56,15 @@ async def migrate(conn: asyncpg.Connection, up_to: int | None = None) -> list[st
             await conn.execute(_query("record_migration"), version, name)
             applied_now.append(name)
     return applied_now
+
+
+PUBLIC_SCHEMA_WARNING = (
+    "every role may create objects in schema public, so a role could plant a function there that "
+    "shadows a built-in one for whoever has public on its search path; Hookline's own statements and "
+    "functions do not, but your handlers and other applications may. Fix it once, as the database "
+    "owner: REVOKE CREATE ON SCHEMA public FROM PUBLIC;")
+
+
+async def public_schema_warning(conn: asyncpg.Connection) -> str | None:
+    """The warning to show when PUBLIC may create in schema public (None when it may not)."""
+    return PUBLIC_SCHEMA_WARNING if await conn.fetchval(_query("public_schema_creatable")) else None

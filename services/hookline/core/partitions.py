@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from hookline.core import db, metrics
+from hookline.core.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +56,29 @@ class Retention:
     dedup_days: float = 30.0
     endpoint_done_hours: float = 72.0
     endpoint_dead_days: float = 14.0
+    # The most any provider's spec.retention may keep (chart: retention.maxDoneHours, maxDeadDays):
+    # whole partitions are dropped by the longest retention of all providers, so without a bound
+    # one team's spec decides how long every team's events stay.
+    max_done_hours: float = 720.0
+    max_dead_days: float = 90.0
+
+    def __post_init__(self) -> None:
+        if self.max_done_hours < self.done_hours or self.max_dead_days < self.dead_days:
+            raise ConfigError("the maximum retention (HOOKLINE_RETENTION_MAX_DONE_HOURS, _MAX_DEAD_DAYS) must be at "
+                             "least the default one (HOOKLINE_RETENTION_DONE_HOURS, _DEAD_DAYS)")
 
     @classmethod
     def from_env(cls) -> Retention:
-        """HOOKLINE_RETENTION_DONE_HOURS, _DEAD_DAYS, _DEDUP_DAYS and HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS,
-        _DEAD_DAYS (the chart's retention values)."""
+        """HOOKLINE_RETENTION_DONE_HOURS, _DEAD_DAYS, _DEDUP_DAYS, _MAX_DONE_HOURS, _MAX_DEAD_DAYS and
+        HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS, _DEAD_DAYS (the chart's retention values)."""
         default = cls()
-        return cls(done_hours=_positive("HOOKLINE_RETENTION_DONE_HOURS", default.done_hours),
-                   dead_days=_positive("HOOKLINE_RETENTION_DEAD_DAYS", default.dead_days),
+        done_hours = _positive("HOOKLINE_RETENTION_DONE_HOURS", default.done_hours)
+        dead_days = _positive("HOOKLINE_RETENTION_DEAD_DAYS", default.dead_days)
+        # Unset maxima never fall below the defaults an install chose.
+        return cls(done_hours=done_hours, dead_days=dead_days,
+                   max_done_hours=_positive("HOOKLINE_RETENTION_MAX_DONE_HOURS",
+                                            max(default.max_done_hours, done_hours)),
+                   max_dead_days=_positive("HOOKLINE_RETENTION_MAX_DEAD_DAYS", max(default.max_dead_days, dead_days)),
                    dedup_days=_positive("HOOKLINE_RETENTION_DEDUP_DAYS", default.dedup_days),
                    endpoint_done_hours=_positive("HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS",
                                                  default.endpoint_done_hours),
@@ -75,6 +91,14 @@ class Retention:
     @property
     def dead(self) -> datetime.timedelta:
         return datetime.timedelta(days=self.dead_days)
+
+    @property
+    def max_done(self) -> datetime.timedelta:
+        return datetime.timedelta(hours=self.max_done_hours)
+
+    @property
+    def max_dead(self) -> datetime.timedelta:
+        return datetime.timedelta(days=self.max_dead_days)
 
     @property
     def dedup(self) -> datetime.timedelta:
@@ -96,9 +120,9 @@ def _positive(name: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"{name} must be a number of hours or days, not {raw!r}") from None
+        raise ConfigError(f"{name} must be a number of hours or days, not {raw!r}") from None
     if not value > 0:
-        raise ValueError(f"{name} must be greater than 0, not {raw!r}")
+        raise ConfigError(f"{name} must be greater than 0, not {raw!r}")
     return value
 
 
@@ -143,7 +167,8 @@ async def ensure_partitions(pool: asyncpg.Pool | asyncpg.Connection, table: str 
 
 
 async def _expire(pool: asyncpg.Pool | asyncpg.Connection, report: PassReport, statement: str,
-                  done: datetime.timedelta, dead: datetime.timedelta, batch: int) -> None:
+                  done: datetime.timedelta, dead: datetime.timedelta, batch: int,
+                  *bounds: datetime.timedelta) -> None:
     """Passes of one retention function while a pass dropped a partition (a pass ends at its first
     drop, so that it never waits for a lock while holding one: migration 0019) or deleted a full
     batch; at most ``MAX_DROPS`` drops and ``MAX_BATCHES`` other passes, the rest waits for the
@@ -151,7 +176,7 @@ async def _expire(pool: asyncpg.Pool | asyncpg.Connection, report: PassReport, s
     drops = batches = 0
     while drops < MAX_DROPS and batches < MAX_BATCHES:
         report.kept = 0  # each pass counts them afresh; the last pass's count stands
-        rows = await pool.fetch(_query(statement), done, dead, batch, LOCK_WAIT)
+        rows = await pool.fetch(_query(statement), done, dead, batch, LOCK_WAIT, *bounds)
         for row in rows:
             _account(report, row["action"], row["target"], row["affected"])
         if any(row["action"] == "dropped" for row in rows):
@@ -167,7 +192,8 @@ async def expire_inbox(pool: asyncpg.Pool | asyncpg.Connection, retention: Reten
     """Retention of inbox payloads and dedup keys: whole partitions dropped when nothing in them
     must be kept, otherwise batch deletes of rows past their own limit."""
     report = PassReport(INBOX)
-    await _expire(pool, report, "expire_inbox", retention.done, retention.dead, batch)
+    await _expire(pool, report, "expire_inbox", retention.done, retention.dead, batch,
+                  retention.max_done, retention.max_dead)
     for _ in range(MAX_BATCHES):
         deleted = await pool.fetchval(_query("expire_inbox_keys"), retention.dedup, batch)
         report.keys_deleted += deleted

@@ -95,21 +95,21 @@ class Provider:
     spec: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
-def parse_provider(name: str, spec: Mapping[str, Any], secrets: Iterable[str] = (),
-                   destination_secret: str | None = None, *, verifies: bool = True) -> Provider:
+def parse_provider(name: str, spec: Mapping[str, Any], secrets: Iterable[str] | None = (),
+                   destination_secret: str | None = None) -> Provider:
     """Validate a WebhookProvider ``spec`` and return the typed provider.
 
     ``secrets`` are the currently valid signing secrets; the spec itself never holds them
-    (a providers file's ``signature.secrets`` is split off by ``split_file_secrets``).
+    (a providers file's ``signature.secrets`` is split off by ``split_file_secrets``). None:
+    not loaded, by a process that never verifies signatures (a worker).
     The parts are checked in the order of the resource's fields, so the first error reported
-    is the first faulty field. ``verifies=False`` is for a process that never checks signatures
-    (a tenant's worker): it has no signing secrets, and none are required.
+    is the first faulty field.
     """
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise SpecError(f"provider name {name!r} must be a DNS label: lower-case letters, digits and '-'")
     if not isinstance(spec, Mapping):
         raise SpecError("spec must be an object")
-    signature, scheme = _signature(spec, secrets, verifies)
+    signature, scheme = _signature(spec, secrets)
     event_id, event_type = _event_rules(spec, scheme)
     destination, handler = _destination_or_handler(spec)
     retry = _retry(spec)
@@ -137,7 +137,7 @@ def parse_provider(name: str, spec: Mapping[str, Any], secrets: Iterable[str] = 
 # --- the parts of a spec, in the resource's order -----------------------------------------------
 
 
-def _signature(spec: Mapping[str, Any], secrets: Iterable[str], verifies: bool) -> tuple[SignatureConfig, Scheme]:
+def _signature(spec: Mapping[str, Any], secrets: Iterable[str] | None) -> tuple[SignatureConfig, Scheme]:
     sig = spec.get("signature")
     if not isinstance(sig, Mapping):
         raise SpecError("spec.signature is required (at least {scheme: ...})")
@@ -150,14 +150,14 @@ def _signature(spec: Mapping[str, Any], secrets: Iterable[str], verifies: bool) 
         raise SpecError(f"spec.signature.scheme: {exc}") from None
     signature = SignatureConfig(
         scheme=scheme_name,
-        secrets=tuple(secrets),
+        secrets=tuple(secrets or ()),
         tolerance_seconds=int(_number(sig, "toleranceSeconds", "spec.signature", 300, 1, 86400)),
         header=_get(sig, "header", str, "spec.signature"),
         encoding=_get(sig, "encoding", str, "spec.signature", "hex"),
         prefix=_get(sig, "prefix", str, "spec.signature", ""),
     )
     try:
-        validate_config(signature, require_secrets=verifies)
+        validate_config(signature, secrets_loaded=secrets is not None)
     except ValueError as exc:
         raise SpecError(f"spec.signature: {exc}") from None
     return signature, scheme

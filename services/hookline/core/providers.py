@@ -173,21 +173,31 @@ async def _raise_if_owned(conn: asyncpg.Connection, name: str) -> None:
         raise ProviderOwned(name, owner["owner_namespace"], owner["owner_name"])
 
 
-async def load_all(conn: asyncpg.Connection | asyncpg.Pool, destination_secret_file: Path | None = None
-                   ) -> dict[str, Provider]:
-    """Every stored provider, parsed, its secrets opened; a row that no longer parses or whose secrets
-    do not open is logged (without them) and skipped. A bad key file is a SecretKeyError.
+async def load_all(conn: asyncpg.Connection | asyncpg.Pool, *, signing_secrets: bool = True,
+                   destination_secret_file: Path | None = None) -> dict[str, Provider]:
+    """Every stored provider, parsed, its secrets opened (core/secrets_at_rest.py); a row that no
+    longer parses or whose secrets do not open is logged (without them) and skipped. A bad key file
+    is a SecretKeyError.
 
-    With ``destination_secret_file`` (a tenant's worker: see worker_providers) no secret column is
-    read: the destination secret is that file's, and signatures are never checked there."""
+    Without ``signing_secrets`` (workers, which never verify a signature) the signing secrets are
+    not read: a tenant's worker role may not read them (migration 0025). With
+    ``destination_secret_file`` (a tenant's worker: it has no key) no secret column is read at all:
+    the destination secret is that file's (migration 0026)."""
     if destination_secret_file is not None:
         return await _load_for_tenant_worker(conn, destination_secret_file)
     ring = sealing.configured_ring()
     providers = {}
-    for row in await conn.fetch(db.query("list_providers")):
+    query = "list_providers" if signing_secrets else "list_provider_specs"
+    try:
+        rows = await conn.fetch(db.query(query))
+    except asyncpg.InsufficientPrivilegeError:
+        if signing_secrets:
+            raise
+        return await _load_for_tenant_worker(conn, None)  # a tenant's role, run without the file
+    for row in rows:
         name = row["name"]
         try:
-            secrets = active_secrets(stored_secrets(ring, name, row["secrets"]))
+            secrets = active_secrets(stored_secrets(ring, name, row["secrets"])) if signing_secrets else None
             providers[name] = parse_provider(name, row["spec"], secrets,
                                              stored_destination_secret(ring, name, row["destination_secret"]))
         except SpecError as exc:
@@ -197,41 +207,56 @@ async def load_all(conn: asyncpg.Connection | asyncpg.Pool, destination_secret_f
     return providers
 
 
-async def _load_for_tenant_worker(conn: asyncpg.Connection | asyncpg.Pool, destination_secret_file: Path
+async def _load_for_tenant_worker(conn: asyncpg.Connection | asyncpg.Pool, destination_secret_file: Path | None
                                   ) -> dict[str, Provider]:
-    try:  # re-read at every load: the mounted Secret is updated in place when the secret rotates
-        destination_secret = destination_secret_file.read_text().strip() or None
-        problem = None if destination_secret else "is empty"
-    except OSError as exc:
-        destination_secret, problem = None, f"cannot be read: {exc.strerror}"
+    destination_secret: str | None = None
+    problem: str | None = "HOOKLINE_DESTINATION_SECRET_FILE is not set"
+    if destination_secret_file is not None:
+        try:  # re-read at every load: the mounted Secret is updated in place when the secret rotates
+            destination_secret = destination_secret_file.read_text().strip() or None
+            problem = None if destination_secret else f"{destination_secret_file} is empty"
+        except OSError as exc:
+            problem = f"{destination_secret_file} cannot be read: {exc.strerror}"
     providers = {}
-    for row in await conn.fetch(db.query("list_provider_specs")):
+    for row in await conn.fetch(db.query("list_provider_specs_without_secrets")):
         name = row["name"]
         try:
-            provider = parse_provider(name, row["spec"], (), destination_secret, verifies=False)
+            provider = parse_provider(name, row["spec"], None, destination_secret)
         except SpecError as exc:
             log.error("stored provider is invalid; ignoring it", extra={"provider": name, "error": str(exc)})
             continue
         if provider.destination is not None and problem:
             # Fail closed: no destination call leaves unsigned; the events wait for the secret.
-            log.error("the destination secret file %s; not working for this provider", problem,
-                      extra={"provider": name, "file": str(destination_secret_file)})
+            log.error("no destination secret (%s); not working for this provider", problem, extra={"provider": name})
             continue
         providers[name] = provider
     return providers
 
 
 class ProviderRegistry:
-    """The providers, kept current in memory: re-read on NOTIFY (through the process's
-    ``Listener``), after the listener reconnects, and every ``refresh`` seconds."""
+    """The providers, kept current in memory: re-read after the listener reconnects, every
+    ``refresh`` seconds (a rotated-out secret expires without a change of its row), and on
+    NOTIFY once the rows' fingerprint shows a change.
 
-    def __init__(self, pool: asyncpg.Pool, refresh: float = 30.0, listener: Listener | None = None,
+    Any role may NOTIFY hookline_providers, so a notification is only a hint: it costs a
+    fingerprint query (names and update times, no parsing), and notifications that arrive
+    within ``debounce`` seconds of a look are answered by one look after it. A flood costs
+    at most 1 / ``debounce`` cheap queries a second. The payload is never read; the
+    trigger's own carries the provider name only (migration 0001)."""
+
+    def __init__(self, pool: asyncpg.Pool, refresh: float = 30.0, listener: Listener | None = None, *,
+                 signing_secrets: bool = True, debounce: float = 0.25,
                  destination_secret_file: Path | None = None) -> None:
         self._pool = pool
         self._destination_secret_file = destination_secret_file
         self._refresh = refresh
+        self._signing_secrets = signing_secrets
+        self._debounce = debounce
         self._providers: dict[str, Provider] = {}
+        self._fingerprint: str | None = None
         self._changed = asyncio.Event()
+        self._resync = False
+        self.reloads = 0  # full re-reads, for tests and curious operators
         self._task: asyncio.Task[None] | None = None
         self.loaded = asyncio.Event()
         # Without a shared listener the registry runs one of its own.
@@ -246,12 +271,20 @@ class ProviderRegistry:
         return dict(self._providers)
 
     async def reload(self) -> None:
-        self._providers = await load_all(self._pool, self._destination_secret_file)
+        fingerprint = await self._pool.fetchval(db.query("providers_fingerprint"))
+        self._providers = await load_all(self._pool, signing_secrets=self._signing_secrets,
+                                         destination_secret_file=self._destination_secret_file)
+        self._fingerprint = fingerprint
+        self.reloads += 1
         self.loaded.set()
+
+    def _resynced(self) -> None:
+        self._resync = True
+        self._changed.set()
 
     async def start(self) -> None:
         self._subscription = await self._listener.subscribe(
-            ("hookline_providers",), lambda _channel, _payload: self._changed.set(), self._changed.set)
+            ("hookline_providers",), lambda _channel, _payload: self._changed.set(), self._resynced)
         if self._own_listener:
             await self._listener.start()
         await self.reload()
@@ -266,11 +299,17 @@ class ProviderRegistry:
 
     async def _run(self) -> None:
         while True:
+            notified = False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), self._refresh)
+                notified = not self._resync
             self._changed.clear()
+            self._resync = False
             try:
-                await self.reload()
+                if not notified or await self._pool.fetchval(db.query("providers_fingerprint")) != self._fingerprint:
+                    await self.reload()
+                if notified:
+                    await asyncio.sleep(self._debounce)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -427,13 +427,13 @@ def signature_headers_for(config: SignatureConfig) -> frozenset[str]:
     return names
 
 
-def validate_config(config: SignatureConfig, *, require_secrets: bool = True) -> None:
-    """Reject a config that could never verify anything, at load time rather than per request
-    (``require_secrets=False``: for a process that never verifies, and so has no secrets)."""
+def validate_config(config: SignatureConfig, *, secrets_loaded: bool = True) -> None:
+    """Reject a config that could never verify anything, at load time rather than per request.
+    ``secrets_loaded`` False: a process that never verifies (a worker) loaded none on purpose."""
     scheme = get_scheme(config.scheme)
     if any(not isinstance(s, str) or not s for s in config.secrets):
         raise ValueError(f"{scheme.name}: secrets must be non-empty strings")
-    if require_secrets and scheme.name != NoSignature.name and not config.secrets:
+    if secrets_loaded and scheme.name != NoSignature.name and not config.secrets:
         raise ValueError(f"{scheme.name}: at least one secret is required (use scheme 'none' to opt out)")
     if isinstance(config.tolerance_seconds, bool) or not isinstance(config.tolerance_seconds, int):
         raise ValueError("tolerance_seconds must be an integer")

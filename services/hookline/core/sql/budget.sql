@@ -4,7 +4,9 @@
 -- timers never both spend the same connections.
 
 -- name: lock_budget
-SELECT pg_advisory_xact_lock(hashtextextended('hookline.worker_allocations', 0));
+-- A table lock, not an advisory key (migration 0025): no tenant role can take it. It lets
+-- statements read the table meanwhile; another decision waits.
+LOCK TABLE hookline.worker_allocations IN SHARE ROW EXCLUSIVE MODE;
 
 -- name: forget_stale_allocations
 -- A row nobody refreshed for $1 seconds belongs to a resource the operator no

@@ -10,8 +10,10 @@ SELECT created FROM hookline.ensure_partitions($1::text) AS created;
 
 -- name: expire_inbox
 -- One retention pass over the inbox's partitions: drops, deferred drops, batch
--- deletes and rows found in the default partition, one row each.
-SELECT action, target, affected FROM hookline.expire_inbox($1::interval, $2::interval, $3::integer, $4::interval);
+-- deletes and rows found in the default partition, one row each. $5 and $6 bound
+-- every provider's doneHours and deadDays (migration 0025).
+SELECT action, target, affected
+FROM hookline.expire_inbox($1::interval, $2::interval, $3::integer, $4::interval, $5::interval, $6::interval);
 
 -- name: expire_outbox
 -- One retention pass over the outbox's partition pairs (events and their deliveries,

@@ -25,9 +25,21 @@ SELECT name, spec, secrets, destination_secret, updated_at, managed_by, owner_na
 FROM hookline.providers ORDER BY name;
 
 -- name: list_provider_specs
--- A tenant's workers (operator-made, with the destination secret as a file): no secret column,
--- which their role may not read (migration 0026).
+-- What a worker needs: everything but the signing secrets, which it never uses and a tenant's
+-- worker role may not read (migration 0025).
+SELECT name, spec, destination_secret, updated_at, managed_by, owner_namespace, owner_name
+FROM hookline.providers ORDER BY name;
+
+-- name: list_provider_specs_without_secrets
+-- A tenant's workers (operator-made, their destination secret mounted as a file: no key for
+-- secrets at rest): no secret column, which their role may not read (migrations 0025, 0026).
 SELECT name, spec FROM hookline.providers ORDER BY name;
+
+-- name: providers_fingerprint
+-- Changes whenever a provider row is written or removed (every write sets updated_at): the
+-- registry re-reads the providers on NOTIFY only when this differs from its last read.
+SELECT md5(coalesce(string_agg(name || '/' || updated_at::text, ',' ORDER BY name), ''))
+FROM hookline.providers;
 
 -- name: get_provider_secrets
 SELECT secrets FROM hookline.providers WHERE name = $1;
@@ -272,10 +284,23 @@ LIMIT $2;
 SELECT id FROM hookline.inbox
 WHERE status = 'dead' AND ($1::text IS NULL OR provider = $1) AND event_type = $2;
 
--- name: try_maintenance_lock
--- Leader election for a maintenance scope (core/maintenance.py): a session-level
--- advisory lock, held until the connection ends, so a dead leader frees it at once.
-SELECT pg_try_advisory_lock(hashtext('hookline.maintenance'), hashtext($1));
+-- name: take_maintenance_lease
+-- Leader election for a maintenance scope (core/maintenance.py): the lease is taken when
+-- nobody holds it or its holder let it run out, and renewed by its holder ($2). True when
+-- $2 holds it now, for $3 seconds. An owner-only table (migration 0025): no tenant role can
+-- hold the lease or lock its row, as any role could take an advisory key.
+WITH taken AS (
+    INSERT INTO hookline.maintenance_leaders AS l (scope, holder, expires_at)
+    VALUES ($1, $2, now() + make_interval(secs => $3))
+    ON CONFLICT (scope) DO UPDATE SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
+        WHERE l.holder = EXCLUDED.holder OR l.expires_at < now()
+    RETURNING 1
+)
+SELECT EXISTS (SELECT FROM taken);
+
+-- name: resign_maintenance_lease
+-- A leader that stops hands the scope over at once instead of letting its lease run out.
+DELETE FROM hookline.maintenance_leaders WHERE scope = $1 AND holder = $2;
 
 -- name: transaction_age
 -- Seconds since the current transaction began (now() stands still inside it).
