@@ -387,3 +387,12 @@ async def test_the_receiver_verifies_a_signed_request_with_the_secret_stored_enc
         assert SECRET not in logs and SECRET.removeprefix("whsec_") not in logs
     finally:
         await conn.close()
+
+
+@pytest.mark.parametrize("command", [["receiver", "--port", "0"], ["relay", "--port", "0"]])
+def test_a_service_that_reads_secrets_will_not_start_without_the_key(database_url: str, command: list[str],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(secrets_at_rest.KEYS_FILE_ENV)
+    result = hookline_cli(database_url, *command)
+    assert result.returncode == 2
+    assert "needs the key that encrypts secrets at rest: set HOOKLINE_SECRET_KEYS_FILE" in result.stderr

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 
-from hookline.core import db, migrations, pools, providers
+from hookline.core import db, migrations, pools, providers, secrets_at_rest
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.http import run_until_stopped
 from hookline.core.listener import Listener
@@ -120,6 +120,7 @@ async def receiver(args: argparse.Namespace) -> int:
     from hookline.core.providers import ProviderRegistry
     from hookline.receiver.app import Receiver
 
+    secrets_at_rest.required_ring("the receiver")  # it verifies every request with a stored secret
     # The registry's LISTEN connection is the listener's, outside the pool; the total stays pools.receiver.
     size = pools.pool_size(pools.receiver(args.db_connections))
     pool = await db.create_pool(min_size=size, max_size=size, lean=True, pinned_search_path=True)
@@ -240,6 +241,7 @@ async def relay(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1:
         return _fail("--concurrency must be at least 1")
+    secrets_at_rest.required_ring("the relay")  # it signs every delivery with a stored secret
     breaker = BreakerSettings(failure_rate=args.breaker_failure_rate, min_volume=args.breaker_min_volume,
                               window_seconds=args.breaker_window, probe_interval=args.breaker_probe_interval,
                               close_after=args.breaker_close_after)
