@@ -124,6 +124,8 @@ def configure_dev_parser(subparsers: Subparsers) -> None:
         examples="  hookline dev                                  an example provider on port 8080\n"
         "  hookline dev --providers providers.yaml --port 9000\n",
         environment="environment:\n  HOOKLINE_LOG_FORMAT     json or text (default: text for dev)\n"
+        "  HOOKLINE_SECRET_KEYS_FILE  keys that encrypt signing secrets at rest (default: secret-keys in\n"
+        "                          --data-dir, made with a new key, mode 0600, on first run)\n"
         "  HOOKLINE_LOG_LEVEL      used when --log-level is not given\n"
         "  (HOOKLINE_DATABASE_URL is not read: the database is the embedded one. Needs hookline[dev].)\n")
     p.add_argument("--port", type=int, default=8080, help="receiver port (default 8080)")

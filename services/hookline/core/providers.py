@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Iterable, Mapping
@@ -198,8 +199,11 @@ async def load_all(conn: asyncpg.Connection | asyncpg.Pool, *, signing_secrets: 
         name = row["name"]
         try:
             secrets = active_secrets(stored_secrets(ring, name, row["secrets"])) if signing_secrets else None
-            providers[name] = parse_provider(name, row["spec"], secrets,
-                                             stored_destination_secret(ring, name, row["destination_secret"]))
+            provider = parse_provider(name, row["spec"], secrets)
+            if provider.destination is not None:  # only a destination's calls are signed with it
+                provider = dataclasses.replace(provider, destination_secret=stored_destination_secret(
+                    ring, name, row["destination_secret"]))
+            providers[name] = provider
         except SpecError as exc:
             log.error("stored provider is invalid; ignoring it", extra={"provider": name, "error": str(exc)})
         except (sealing.SecretKeyError, sealing.SealedValueError) as exc:

@@ -2,8 +2,9 @@
 migrate``) and re-wrapping every value under the key ring's first key (``hookline secrets rotate-key``).
 
 Both run in one transaction that locks the rows it reads; readers keep working throughout, since every
-process's key ring opens values wrapped by any of its keys. A value that does not open is never
-rewritten: the run stops with the reason and changes nothing.
+process's key ring opens values wrapped by any of its keys. A rotation checks every value: one that does
+not open (its key is gone, or it was altered or moved) is never rewritten, and the run stops with the
+reason and changes nothing.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ async def reseal_all(conn: asyncpg.Connection, ring: sealing.KeyRing, *, rewrap:
         report.values += 1
         if sealing.is_sealed(value):
             report.previous_keys[value.split(":", 2)[1]] += 1
-            if not rewrap or not ring.needs_sealing(value):
+            if not rewrap:
+                return value  # the upgrade seals plaintext only; a sealed value is left as it is
+            if not ring.needs_sealing(value):
                 ring.open(value, context)  # a value that does not open stops the run
                 return value
             report.rewrapped += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from hookline.core.providers import active_secrets
 from hookline.core.queue import RetryPolicy
 from hookline.core.signatures import get_scheme, sign_standard_webhooks
 from hookline.relay.breaker import Circuit
+
+log = logging.getLogger(__name__)
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 EVENT_TYPE = re.compile(r"^(\*|[A-Za-z0-9_.:/-]+(\.\*)?)$")
@@ -129,7 +132,15 @@ async def add(conn: asyncpg.Connection, name: str, url: str, *, event_types: Seq
 
 
 async def load(conn: asyncpg.Connection | asyncpg.Pool) -> list[Endpoint]:
-    return [Endpoint.from_row(r) for r in await conn.fetch(outbox.query("list_endpoints"))]
+    """Every endpoint; one whose secrets do not open (its key is not in the key file) is logged, without
+    them, and left out: its deliveries wait rather than fail. A bad key file is a SecretKeyError."""
+    loaded = []
+    for row in await conn.fetch(outbox.query("list_endpoints")):
+        try:
+            loaded.append(Endpoint.from_row(row))
+        except sealing.SealedValueError as exc:
+            log.error("endpoint's secrets do not open; ignoring it", extra={"endpoint": row["name"], "error": str(exc)})
+    return loaded
 
 
 async def set_retention(conn: asyncpg.Connection, name: str, done_hours: float | None,
