@@ -34,7 +34,17 @@ async def owner(scram_server: EmbeddedPostgres) -> AsyncIterator[asyncpg.Connect
     try:
         yield conn
     finally:
+        # Gone with its roles: the server is the session's (tests/test_tenant_boundary.py drops every
+        # worker role it finds, which fails on a role that still has privileges in a database here).
+        roles = [r["role_name"] for r in await conn.fetch("SELECT role_name FROM hookline.tenants")]
         await conn.close()
+        admin = await asyncpg.connect(scram_server.url)
+        try:
+            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+            for role in roles:
+                await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        finally:
+            await admin.close()
 
 
 async def add_provider(conn: asyncpg.Connection, name: str, namespace: str | None) -> str:
