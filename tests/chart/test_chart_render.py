@@ -516,6 +516,16 @@ def test_chart_managed_keys_first_encrypts_and_the_secret_precedes_the_migrate_h
     assert set(_key_file_mounts(rendered).values()) == {fullname("secret-keys")}
 
 
+def test_new_keys_in_values_roll_every_pod_that_reads_them() -> None:
+    def checksums(keys: list[str]) -> dict[str, str]:
+        rendered = render(deep_merge(MINIMAL, {"secretsAtRest": {"keys": keys}}))
+        return {name: rendered.one("Deployment", fullname(name))["spec"]["template"]["metadata"]["annotations"][
+            "checksum/secret-keys"] for name in ("receiver", "relay", "operator")}
+
+    before, after = checksums([KEY_A]), checksums([KEY_B, KEY_A])
+    assert all(before[name] != after[name] for name in before)
+
+
 def test_without_keys_one_is_generated_and_an_existing_secret_replaces_the_chart_one() -> None:
     generated = render_default().one("Secret", fullname("secret-keys"))["stringData"]["keys"]
     keys = [line for line in generated.splitlines() if line and not line.startswith("#")]

@@ -85,6 +85,12 @@ app.kubernetes.io/component: {{ .component }}
   value: /etc/hookline/secret-keys/keys
 {{- end }}
 
+{{/* Keys from values roll the pods that read them, so `helm upgrade --wait` returns once every
+pod has the new key file: only then may `hookline secrets rotate-key` run. */}}
+{{- define "hookline.secretKeysChecksum" -}}
+checksum/secret-keys: {{ .Values.secretsAtRest.keys | toJson | sha256sum }}
+{{- end }}
+
 {{- define "hookline.secretKeysMount" -}}
 - name: secret-keys
   mountPath: /etc/hookline/secret-keys
