@@ -53,12 +53,8 @@ SELECT secrets, managed_by FROM hookline.providers WHERE name = $1;
 -- The operator's claim and sync in one statement: the first resource to claim a
 -- name owns it. The row is written only when it is free, already ours ($7 is the
 -- resource's uid), held by an owner the caller proved deleted ($9), or written
--- before ownership was recorded and proven ours by its secret or, without a secret
--- ($8 false: scheme none), by its spec (migration 0005). Secrets are sealed with a random
--- data key each, so the proof cannot compare plaintext here: the operator opened the
--- stored secrets and found its current one there, and $10 is that column as it read it
--- (NULL when not found); the row is adopted only if it still holds exactly those.
--- $3 keeps the stored ciphertext of every unchanged secret, so an unchanged row compares equal.
+-- before ownership was recorded and proven ours by its secret ($8, $10: see below) or,
+-- without a secret (scheme none), by its spec (migration 0005).
 -- An unchanged row is not rewritten: no new row version, no notification.
 -- The result is one row saying who owns the name: written = true when this call
 -- wrote it; otherwise the row as it was (ours and unchanged, or someone else's).
@@ -81,6 +77,10 @@ WITH claimed AS (
         WHERE (p.owner_uid = EXCLUDED.owner_uid
                OR p.owner_uid = $9::text
                OR (p.managed_by IS NULL
+                   -- Secrets are sealed, each with a random data key (core/secrets_at_rest.py): the
+                   -- operator opened the stored ones and found its current secret there ($8: it
+                   -- has one), and $10 is the column as it read it (NULL: not found). $3 keeps the
+                   -- stored ciphertext of every unchanged secret, so an unchanged row compares equal.
                    AND CASE WHEN $8::boolean THEN p.secrets = $10::jsonb ELSE p.spec = EXCLUDED.spec END))
           AND (p.spec, p.secrets, p.managed_by, p.owner_namespace, p.owner_name, p.owner_uid,
                p.destination_secret IS NULL)
