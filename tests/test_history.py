@@ -172,13 +172,13 @@ async def test_a_real_worker_logs_each_attempt_of_a_failing_handler(pool: asyncp
 
 async def test_a_role_with_only_a_tenants_privileges_books_outcomes(pool: asyncpg.Pool) -> None:
     """Tenant worker roles may update the inbox but have no privilege on the attempt log: the
-    trigger writes it with its owner's rights."""
+    booking statements log through hookline.log_attempts, which writes it with its owner's rights.
+    The role gets exactly a tenant's privileges (hookline.grant_tenant_privileges, migration 0025)."""
     row_id = await receive(pool, "stripe", "evt_tenant")
     [row] = await INBOX.claim(pool, "stripe", 1, "tenant-worker", 60)
     async with pool.acquire() as conn:
         await conn.execute("CREATE ROLE hookline_test_tenant NOLOGIN; "
-                           "GRANT USAGE ON SCHEMA hookline TO hookline_test_tenant; "
-                           "GRANT SELECT, UPDATE ON hookline.inbox TO hookline_test_tenant")
+                           "SELECT hookline.grant_tenant_privileges('hookline_test_tenant')")
         try:
             async with conn.transaction():
                 await conn.execute("SET LOCAL ROLE hookline_test_tenant")

@@ -4,9 +4,11 @@ that names the field, and every good spec comes back as the provider it describe
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from hookline.core.provider_spec import (
     DEFAULT_MAX_BODY,
@@ -292,6 +294,59 @@ def test_bad_providers_file(text: str, message: str) -> None:
     with pytest.raises(SpecError) as raised:
         load_documents(text)
     assert message in str(raised.value)
+
+
+FILE_HEAD = "metadata: {name: pay}\nspec:\n  destination: {url: 'http://d/'}\n"
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("  signature: {scheme: none}\n  retyr: {maxAttempts: 3}\n",
+     "spec.retyr is not a field (did you mean spec.retry?)"),
+    ("  signature: {scheme: stripe, tolerance: 60, secrets: [whsec_abc]}\n",
+     "spec.signature.tolerance is not a field (did you mean spec.signature.toleranceSeconds?)"),
+    ("  signature: {scheme: none}\n  workers: {tolerations: [{key: a, efect: NoSchedule}]}\n",
+     "spec.workers.tolerations[0].efect is not a field (did you mean spec.workers.tolerations[0].effect?)"),
+    ("  signature: {scheme: stripe, secretRef: {name: s, key: k}}\n",
+     "spec.signature.secretRef names a Kubernetes Secret, which only the operator reads"),
+    ("  signature: {scheme: standard-webhooks, secrets: ['whsec_...']}\n",
+     "spec.signature.secrets[0] is a placeholder"),
+    ("  signature: {scheme: none}\n  ordering:\n    entityKey: {jsonPointer: /id}\n    transitions:\n"
+     "      - {'on': a.paid, from: [created], to: paid}\n",
+     "'a.paid' starts from 'created', which no transition leads to"),
+])
+def test_a_providers_file_that_could_never_work_is_refused(spec: str, message: str) -> None:
+    with pytest.raises(SpecError) as raised:
+        load_documents(FILE_HEAD + spec)
+    assert message in str(raised.value)
+    assert "whsec_abc" not in str(raised.value)
+
+
+def test_a_providers_file_with_every_field_is_accepted() -> None:
+    spec = ("  signature: {scheme: none, toleranceSeconds: 60}\n  retry: {maxAttempts: 3}\n"
+            "  workers: {nodeSelector: {any/label: x}, resources: {limits: {cpu: '1'}}}\n"
+            "  ordering:\n    entityKey: {jsonPointer: /id}\n    transitions:\n"
+            "      - {'on': a.created, from: [null], to: created}\n"
+            "      - {'on': a.paid, from: [created], to: paid}\n")
+    assert [name for name, _spec in load_documents(FILE_HEAD + spec)] == ["pay"]
+
+
+def crd_keys(schema: dict[str, Any]) -> Any:
+    """The CRD's spec schema in SPEC_KEYS's shape."""
+    if schema.get("type") == "array" and "properties" in schema.get("items", {}):
+        return [crd_keys(schema["items"])]
+    if "properties" in schema:
+        return {key: crd_keys(child) for key, child in schema["properties"].items()}
+    if schema.get("type") == "object":
+        return {}
+    return None
+
+
+def test_the_providers_file_knows_the_fields_the_crd_declares() -> None:
+    from hookline.core.provider_spec import SPEC_KEYS
+
+    crd = yaml.safe_load((Path(__file__).parents[1] / "crds" / "webhookproviders.hookline.io.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert crd_keys(schema) == SPEC_KEYS
 
 
 def test_public_names_stay_importable_from_providers() -> None:

@@ -15,8 +15,9 @@ import pytest
 from hookline.core import db
 from support.queues import QUEUES, QueueCase
 
+# schema.sql is the whole schema for reading (tests/test_schema_file.py), not named statements.
 SQL_FILES = sorted(f.name for f in importlib.resources.files("hookline.core").joinpath("sql").iterdir()
-                   if f.name.endswith(".sql"))
+                   if f.name.endswith(".sql") and f.name != "schema.sql")
 
 # asyncpg sends statements with the extended protocol, which binds $n to values; EXPLAIN
 # (GENERIC_PLAN) must get the statement as plain text with its $n unbound, as EXECUTE does.

@@ -32,7 +32,7 @@ from hookline_operator.ownership import Resource
 from support.dedicated import GatedConnection
 from support.endpoints import wait_for
 from support.postgres import with_database
-from support.processes import receiver
+from support.processes import hookline_cli, receiver
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -290,7 +290,9 @@ async def test_trojans_in_public_never_run(install: Install) -> None:
     """Row 2: a tenant's public.hashtextextended(text, integer) was an exact match for the operator's
     unqualified call and ran with the operator's rights. The attacker plants trojans for what the
     code calls; the owner, whose search path includes public, then does all of its housekeeping."""
-    assert await migrations.public_schema_warning(install.owner) == migrations.PUBLIC_SCHEMA_WARNING
+    migrate = await asyncio.to_thread(hookline_cli, install.owner_url, "migrate")
+    assert migrate.returncode == 0, migrate.stderr
+    assert "REVOKE CREATE ON SCHEMA public FROM PUBLIC;" in migrate.stderr
     attacker = await install.attacker()
     try:
         await attacker.execute("CREATE TABLE public.trojan_calls (called text, caller text); "
@@ -484,3 +486,9 @@ async def test_an_upgrade_converges_the_tenant_roles_it_finds(scram_server: Embe
                 == "UPDATE 3"
         finally:
             await attacker.close()
+
+
+async def test_migrate_warns_only_where_every_role_may_create_in_public(database_url: str) -> None:
+    """PostgreSQL 15 and newer let no role but the owner create in public: nothing to warn about."""
+    migrate = await asyncio.to_thread(hookline_cli, database_url, "migrate")
+    assert (migrate.returncode, migrate.stdout.strip(), migrate.stderr) == (0, "schema is up to date", "")

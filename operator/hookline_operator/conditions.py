@@ -28,7 +28,3 @@ def set_condition(conditions: list[dict[str, Any]], type: str, status: bool, rea
     if previous is None:
         return [*conditions, condition]
     return [condition if c.get("type") == type else c for c in conditions]
-
-
-def is_true(conditions: list[dict[str, Any]], type: str) -> bool:
-    return any(c.get("type") == type and c.get("status") == "True" for c in conditions)

@@ -109,10 +109,6 @@ class LeasedConsumer(ABC):
     def on_finished(self, id: int, partition: str, task: asyncio.Task[Any]) -> None:  # noqa: B027 - optional hook
         """Called when a spawned task ends (finished, failed or cancelled)."""
 
-    def extra_loops(self) -> list[Coroutine[Any, Any, None]]:
-        """Further background loops to run while the consumer runs (maintenance, stats)."""
-        return []
-
     # --- the shared mechanism --------------------------------------------------------------
 
     @property
@@ -156,8 +152,7 @@ class LeasedConsumer(ABC):
         if self._own_listener:
             await self.listener.start()
         self._loops = [asyncio.create_task(self._claim_loop(), name="claim"),
-                       asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
-                       *(asyncio.create_task(loop) for loop in self.extra_loops())]
+                       asyncio.create_task(self._heartbeat_loop(), name="heartbeat")]
 
     async def stop_loops(self) -> None:
         """Stop claiming, let in-flight tasks finish within the grace period, give back the rest."""

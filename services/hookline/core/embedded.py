@@ -11,7 +11,9 @@ has a generated password (SCRAM) kept in ``<data dir>/postgres.password`` (mode
 has its permissions changed. Postgres refuses to run as root, so as root the server
 runs as an unprivileged system user; when that user cannot reach the data directory
 (a parent is private to root), the cluster lives in a directory of its own under the
-system temp directory instead, linked from ``<data dir>/pgdata``.
+system temp directory instead, linked from ``<data dir>/pgdata``; when it cannot reach the
+wheel's binaries (the virtualenv of a checkout in root's 0700 home, or in a ``mktemp -d``),
+they are copied once to a root-owned directory under the system temp directory.
 
 A server outlives a process killed before it could stop it (``kill -9``, a closed terminal
 without job control): the next start stops such an orphan, and refuses to touch a server whose
@@ -44,6 +46,9 @@ HOME_PREFIX = "hookline-pg-"
 HOME_OWNER_FILE = "data-dir"
 # The process that started the server, written at start and removed at stop.
 OWNER_PID_FILE = "owner.pid"
+# As root, an installation the system user cannot reach is copied to <tmp>/hookline-pginstall-*.
+INSTALL_PREFIX = "hookline-pginstall-"
+INSTALL_COMPLETE = ".hookline-complete"
 
 
 class ServerInUse(RuntimeError):
@@ -94,6 +99,71 @@ def _reachable_by(path: Path, user: str) -> bool:
     return True
 
 
+def _trusted(tree: Path) -> bool:
+    """Whether ``tree`` and everything in it belong to us and nobody else may write there: a copy
+    found under the shared temp directory is used only then (another user could have made it)."""
+    me = os.geteuid()
+    for path in (tree, *tree.rglob("*")):
+        st = path.lstat()
+        if st.st_uid != me or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return False
+    return True
+
+
+def _copy_for_others(source: Path, target: Path) -> None:
+    """Copy ``source`` to ``target``, every directory traversable and every file readable by all
+    (executables executable by all), whatever the umask the wheel was installed with."""
+    shutil.copytree(source, target, symlinks=True)
+    for path in (target, *target.rglob("*")):
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        if path.is_dir() or mode & stat.S_IXUSR:
+            path.chmod(0o755)
+        else:
+            path.chmod(0o644)
+
+
+def reachable_install(install: Path, user: str) -> Path:
+    """``install``, or a copy of it that ``user`` can run: the same bin/, lib/ and share/ (Postgres
+    finds the latter two from where its binaries are), in the same place relative to the wheel's
+    shared libraries (``<package>.libs`` beside the package, which the binaries' RPATH names).
+    Made once per installation and reused."""
+    if _reachable_by(install / "bin" / "postgres", user):
+        return install
+    package = install.parent
+    postgres = (install / "bin" / "postgres").stat()
+    key = hashlib.sha256(f"{install}:{postgres.st_size}:{postgres.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = Path(tempfile.gettempdir()) / f"{INSTALL_PREFIX}{key}"
+    if (target / INSTALL_COMPLETE).exists() and _trusted(target):
+        return target / package.name / install.name
+    # Built apart and renamed into place, so that a process starting at the same time never runs a
+    # half-copied installation; a target that is not ours to trust gives way to one of our own.
+    staging = Path(tempfile.mkdtemp(prefix=f"{INSTALL_PREFIX}{key}-", dir=tempfile.gettempdir()))
+    _copy_for_others(install, staging / "tree" / package.name / install.name)
+    libs = package.parent / f"{package.name}.libs"
+    if libs.is_dir():
+        _copy_for_others(libs, staging / "tree" / libs.name)
+    (staging / "tree").chmod(0o755)
+    (staging / "tree" / INSTALL_COMPLETE).touch(mode=0o644)
+    staging.chmod(0o755)
+    copy = staging / "tree"
+    installed = Path(package.name) / install.name
+    if target.exists() and not _trusted(target):
+        log.warning("a copy of the Postgres binaries in the temp directory is not ours; using a new one",
+                    extra={"path": str(target)})
+        return copy / installed
+    try:
+        os.rename(copy, target)
+    except OSError:  # another process put its copy there first (or a stale one is in the way)
+        if (target / INSTALL_COMPLETE).exists() and _trusted(target):
+            shutil.rmtree(staging, ignore_errors=True)
+            return target / installed
+        return copy / installed
+    shutil.rmtree(staging, ignore_errors=True)
+    return target / installed
+
+
 def _remove_orphaned_homes() -> None:
     """Relocated clusters whose data dir is gone (a finished test session's, say)."""
     for home in Path(tempfile.gettempdir()).glob(f"{HOME_PREFIX}*"):
@@ -109,10 +179,13 @@ def _remove_orphaned_homes() -> None:
 class EmbeddedPostgres:
     """One server in ``data_dir``: ``start()`` initializes it on first use."""
 
-    def __init__(self, data_dir: Path | str, port: int | None = None) -> None:
+    def __init__(self, data_dir: Path | str, port: int | None = None, install: Path | None = None) -> None:
+        """``install``: a Postgres installation (bin/, lib/, share/); the wheel's by default."""
         self.data_dir = Path(data_dir).resolve()
+        self._install_source = install
         self.port = port or free_port()
         self._run_as = SYSTEM_USER if os.geteuid() == 0 else None
+        self._install: Path | None = None  # the installation the server runs from (chosen at start)
         # Where pgdata and postgres.log live: the data dir, or a relocated home it links to.
         link = self.data_dir / "pgdata"
         self._home = Path(os.readlink(link)).parent if link.is_symlink() else self.data_dir
@@ -168,16 +241,27 @@ class EmbeddedPostgres:
             return {}
         return {"user": self._run_as, "group": self._run_as, "extra_groups": []}
 
+    def _binary(self, name: str) -> Path:
+        if self._install is None:
+            source = self._install_source or install_dir()
+            self._install = reachable_install(source, self._run_as) if self._run_as else source
+        return self._install / "bin" / name
+
     def _check_binaries(self) -> None:
-        result = subprocess.run([str(binary("postgres")), "--version"], capture_output=True, text=True, check=False,
-                                **self._identity())
-        if result.returncode != 0:
-            raise RuntimeError(f"user {self._run_as} cannot run the Postgres binaries in {install_dir()} "
-                               f"({result.stderr.strip()}); make them readable and executable for that user")
+        postgres = self._binary("postgres")
+        try:
+            result = subprocess.run([str(postgres), "--version"], capture_output=True, text=True, check=False,
+                                    **self._identity())
+            problem = result.stderr.strip() if result.returncode != 0 else None
+        except OSError as exc:  # the exec itself refused (a directory above it is private)
+            problem = exc.strerror
+        if problem is not None:
+            raise RuntimeError(f"user {self._run_as or 'this user'} cannot run the Postgres binaries in "
+                               f"{postgres.parent} ({problem}); make them readable and executable for that user")
 
     def _run(self, *args: str, stdin: str | None = None) -> None:
         result = subprocess.run(
-            [str(binary(args[0])), *args[1:]],
+            [str(self._binary(args[0])), *args[1:]],
             **self._identity(),
             input=stdin,
             stdout=subprocess.PIPE,
@@ -268,7 +352,7 @@ class EmbeddedPostgres:
 
     def _answers(self) -> bool:
         """Whether a postmaster runs for pgdata (pg_ctl status: 0 running, 3 not running)."""
-        result = subprocess.run([str(binary("pg_ctl")), "-D", str(self.pgdata), "status"], capture_output=True,
+        result = subprocess.run([str(self._binary("pg_ctl")), "-D", str(self.pgdata), "status"], capture_output=True,
                                 check=False, **self._identity())
         return result.returncode == 0
 

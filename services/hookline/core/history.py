@@ -156,15 +156,6 @@ def delivery_lines(deliveries: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-async def show_event(conn: asyncpg.Connection, ref: EventRef) -> list[str]:
-    return event_lines(await event_record(conn, ref))
-
-
-async def show_deliveries(conn: asyncpg.Connection, ref: str) -> list[str]:
-    """One delivery (a numeric id) or every delivery of an outbox event (its msg_ id)."""
-    return delivery_lines(await delivery_records(conn, ref))
-
-
 async def replay_event(conn: asyncpg.Connection, ref: EventRef) -> str:
     """Requeue one dead inbox event through the one replay path (``Queue.replay_dead``)."""
     row = await conn.fetchrow(db.query("find_event", "history.sql"), ref.provider, ref.event_id, ref.id, 0)

@@ -1,15 +1,16 @@
 """Housekeeping, in one place: a ``Maintainer`` runs named jobs, each at its interval.
 
 River's shape: each housekeeping task is a small named job (the lease rescuer, the stats
-refresher, the inbox's partition manager, the relay's outbox cleaner), and the jobs that act on the shared database run
-only on the elected leader of their *scope* (``inbox``, ``outbox``, ``partitions``), so N workers or relays
-do the work once, not N times. Leadership is a lease in ``hookline.maintenance_leaders``, a table only
-the schema's owner can write (migration 0025; an advisory lock, which this used before, can be taken by
-any role, a tenant's included, and would have stopped the housekeeping of every team). The leader renews
-its lease every ``election_interval`` on a dedicated connection (``core/dedicated.py``) and steps down as
-soon as a renewal fails, a whole interval before the lease (three intervals) runs out; a leader that dies
-is replaced once its lease has run out, one that stops hands the lease over at once. Jobs flagged
-``per_process`` (this process's own gauges) run everywhere.
+refresher, the partition manager that also keeps the outbox's retention), and the jobs that act
+on the shared database run only on the elected leader of their *scope* (``inbox``, ``outbox``,
+``partitions``), so N workers or relays do the work once, not N times. Leadership is a lease in
+``hookline.maintenance_leaders``, a table only the schema's owner can write (migration 0025: an
+advisory lock, used before, can be taken by any role, a tenant's included, and so stop the
+housekeeping of every team). The leader renews its lease every ``election_interval`` on a
+dedicated connection (``core/dedicated.py``) and steps down as soon as a renewal fails, a whole
+interval before the lease (three intervals) runs out; a leader that dies is replaced once its
+lease has run out, one that stops hands the lease over at once. Jobs flagged ``per_process``
+(this process's own gauges) run everywhere.
 
 ``sweep_once`` is the rescuer's one pass. The operator runs the same rescuer in its own ``inbox``
 maintainer (operator/hookline_operator/handlers.py), so operators and ``worker --sweep`` elect one.

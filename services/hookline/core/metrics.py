@@ -77,7 +77,8 @@ worker_batch_size = Histogram(
     "Transactional handler events committed per transaction (each in its own savepoint).",
     buckets=(1, 2, 4, 8, 16, 32, 64),
 )
-inbox_backlog = Gauge("hookline_inbox_backlog", "Pending inbox events.", ["provider"])
+inbox_backlog = Gauge("hookline_inbox_backlog", "Inbox events a worker could take now: due ones plus those in flight.",
+                      ["provider"])
 inbox_oldest_pending = Gauge(
     "hookline_inbox_oldest_pending_seconds", "Age of the oldest due pending inbox event.", ["provider"]
 )

@@ -7,6 +7,7 @@ the resource (``spec.retry.maxAttempts``) and says what a valid value looks like
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -349,5 +350,84 @@ def load_documents(text: str) -> list[tuple[str, dict[str, Any]]]:
         spec = doc.get("spec")
         if not isinstance(spec, dict):
             raise SpecError(f"{where} ({name}): spec is required")
+        problems = file_spec_problems(spec)
+        if problems:
+            raise SpecError(f"{where} ({name}): " + "; ".join(problems))
         out.append((name, spec))
     return out
+
+
+# The keys of a WebhookProvider spec, as the CRD declares them (tests/test_providers.py checks the two
+# agree): a nested dict for an object, FREE for a map of anything, a one-item list for an array of
+# objects. The API server drops unknown fields of a resource; a providers file is checked here.
+FREE: dict[str, Any] = {}
+SPEC_KEYS: dict[str, Any] = {
+    "signature": {"scheme": None, "secretRef": {"name": None, "key": None}, "secrets": None,
+                  "toleranceSeconds": None, "header": None, "encoding": None, "prefix": None,
+                  "rotationOverlapSeconds": None},
+    "eventId": {"jsonPointer": None, "header": None},
+    "eventType": {"jsonPointer": None, "header": None},
+    "maxBodyBytes": None,
+    "replayProtection": {"bodyHashWindowSeconds": None},
+    "retention": {"doneHours": None, "deadDays": None, "dedupDays": None},
+    "destination": {"url": None, "timeoutSeconds": None},
+    "handler": None,
+    "retry": {"maxAttempts": None, "initialDelaySeconds": None, "maxDelaySeconds": None},
+    "leaseSeconds": None,
+    "ordering": {"entityKey": {"jsonPointer": None, "header": None}, "maxDeferralSeconds": None,
+                 "transitions": [{"on": None, "from": None, "to": None}]},
+    "workers": {"minReplicas": None, "maxReplicas": None, "targetBacklogPerReplica": None,
+                "scaleDownStabilizationSeconds": None, "resources": {"requests": FREE, "limits": FREE},
+                "nodeSelector": FREE,
+                "tolerations": [{"key": None, "operator": None, "value": None, "effect": None,
+                                 "tolerationSeconds": None}],
+                "affinity": FREE, "priorityClassName": None},
+}
+
+
+def unknown_keys(value: Any, keys: dict[str, Any] = SPEC_KEYS, where: str = "spec") -> list[str]:
+    """Messages for keys of ``value`` that a WebhookProvider spec does not have (a misspelling is
+    otherwise silently ignored: ``retyr:`` would leave the default retry policy)."""
+    if keys is FREE or not isinstance(value, Mapping):
+        return []
+    found = []
+    for key, child in value.items():
+        if key not in keys:
+            close = difflib.get_close_matches(str(key), list(keys), n=1)
+            found.append(f"{where}.{key} is not a field" + (f" (did you mean {where}.{close[0]}?)" if close else ""))
+        elif isinstance(keys[key], list) and isinstance(child, list):
+            for i, item in enumerate(child):
+                found += unknown_keys(item, keys[key][0], f"{where}.{key}[{i}]")
+        elif isinstance(keys[key], dict):
+            found += unknown_keys(child, keys[key], f"{where}.{key}")
+    return found
+
+
+def file_spec_problems(spec: Mapping[str, Any]) -> list[str]:
+    """What makes a providers-file spec one that can never work, though it parses: unknown keys, a
+    Kubernetes secretRef (only the operator reads Secrets), a secret left as a placeholder, an
+    ordering transition from a state no transition reaches."""
+    problems = unknown_keys(spec)
+    sig = spec.get("signature")
+    if isinstance(sig, Mapping):
+        if "secretRef" in sig:
+            problems.append("spec.signature.secretRef names a Kubernetes Secret, which only the operator reads: "
+                            "in a providers file give spec.signature.secrets, or leave it out to have one generated")
+        for i, secret in enumerate(sig.get("secrets") or []):
+            if isinstance(secret, str) and ("..." in secret or secret.strip() in ("", "whsec_", "changeme")):
+                problems.append(f"spec.signature.secrets[{i}] is a placeholder: put the sender's real secret "
+                                "there, or leave secrets out to have one generated")
+    ordering = spec.get("ordering")
+    transitions = ordering.get("transitions") if isinstance(ordering, Mapping) else None
+    if isinstance(transitions, list):
+        reached = {t.get("to") for t in transitions if isinstance(t, Mapping)}
+        for t in transitions:
+            if not isinstance(t, Mapping):
+                continue
+            from_states = t.get("from", [None])
+            for state in from_states if isinstance(from_states, list) else []:
+                if state is not None and state not in reached:
+                    problems.append(f"spec.ordering.transitions: {t.get('on')!r} starts from {state!r}, which no "
+                                    "transition leads to, so it could never apply (its events would wait, then "
+                                    "die)")
+    return problems

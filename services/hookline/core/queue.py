@@ -79,7 +79,7 @@ class SweepResult:
 
 @dataclass(frozen=True)
 class PartitionStats:
-    backlog: int
+    pending: int  # every pending row, due or not (the inbox's backlog is due + in flight: core/inbox_stats.py)
     oldest_pending_seconds: float
     dead: int
     suspects: int = 0  # pending rows that must run alone (their last lease expired)
@@ -211,13 +211,10 @@ class Queue:
 
     async def stats(self, conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, PartitionStats]:
         return {
-            r["partition"]: PartitionStats(int(r["backlog"]), float(r["oldest_pending_seconds"]), int(r["dead"]),
+            r["partition"]: PartitionStats(int(r["pending"]), float(r["oldest_pending_seconds"]), int(r["dead"]),
                                            int(r["suspects"]))
             for r in await conn.fetch(self._sql["stats"])
         }
-
-    async def in_flight(self, conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, int]:
-        return {r["partition"]: int(r["processing"]) for r in await conn.fetch(self._sql["in_flight"])}
 
 
 @contextlib.asynccontextmanager

@@ -116,8 +116,3 @@ def format_traceparent(current: Any) -> str | None:
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
-def record_failure(error: str) -> None:
-    """Mark the current span failed, with the (already redacted) error."""
-    if _tracer is None:
-        return
-    trace.get_current_span().set_status(trace.Status(trace.StatusCode.ERROR, error[:300]))

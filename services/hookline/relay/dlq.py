@@ -19,7 +19,7 @@ async def dlq_outbox(conn: asyncpg.Connection, action: str, *, endpoint: str | N
     processed one (it died on a lost answer) still deduplicate it.
     """
     if action == "list":
-        rows = await conn.fetch(outbox.query("list_dead"), endpoint, since, until, limit)
+        rows = await conn.fetch(outbox.query("list_dead_deliveries"), endpoint, since, until, limit)
         lines = [f"{'ENDPOINT':<20} {'EVENT ID':<36} {'TYPE':<28} {'ATTEMPTS':>8}  {'DIED AT':<25} LAST ERROR"]
         for r in rows:
             died = r["processed_at"].isoformat(timespec="seconds") if r["processed_at"] else "-"

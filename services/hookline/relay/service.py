@@ -502,7 +502,7 @@ class Relay(LeasedConsumer):
         ages = {r["endpoint"]: r for r in await self.pool.fetch(outbox.query("undelivered_age"))}
         for name in set(stats) | set(ages) | set(self._endpoints):
             s, a = stats.get(name), ages.get(name)
-            metrics.outbox_backlog.labels(name).set(s.backlog if s else 0)
+            metrics.outbox_backlog.labels(name).set(s.pending if s else 0)
             metrics.outbox_dead.labels(name).set(s.dead if s else 0)
             metrics.outbox_suspects.labels(name).set(s.suspects if s else 0)
             metrics.outbox_oldest_undelivered.labels(name).set(float(a["seconds"]) if a else 0)

@@ -14,7 +14,7 @@ from hookline.core.queue import INBOX
 
 async def list_dead(conn: asyncpg.Connection, provider: str | None = None, limit: int = 50) -> list[str]:
     """The newest dead events (of one provider, or all) as lines to print."""
-    rows = await conn.fetch(db.query("list_dead"), provider, limit)
+    rows = await conn.fetch(db.query("list_dead_events"), provider, limit)
     lines = [f"{'PROVIDER':<16} {'EVENT ID':<36} {'TYPE':<28} {'ATTEMPTS':>8}  DIED AT                    ERROR"]
     for r in rows:
         died = r["processed_at"].isoformat(timespec="seconds") if r["processed_at"] else "-"

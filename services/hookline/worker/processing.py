@@ -130,7 +130,7 @@ def find_transition(provider: Provider, event_type: str | None) -> Transition | 
 
 
 @dataclass(frozen=True)
-class Job:
+class ClaimedEvent:
     """One claimed event on its way through a transaction (alone, or in a batch)."""
 
     event: Event
@@ -238,10 +238,10 @@ class TransactionBatches:
     # provider whose handlers keep failing pays for no passes that are thrown away.
     CAREFUL_BATCHES = 10
 
-    def __init__(self, apply: Callable[[asyncpg.Connection, Job], Awaitable[Result]],
-                 run_one: Callable[[asyncpg.Connection, Job, str], Awaitable[Outcome]],
-                 fail_one: Callable[[asyncpg.Connection, Job, str, Exception], Awaitable[Outcome]],
-                 run_alone: Callable[[Job], Awaitable[Outcome]],
+    def __init__(self, apply: Callable[[asyncpg.Connection, ClaimedEvent], Awaitable[Result]],
+                 run_one: Callable[[asyncpg.Connection, ClaimedEvent, str], Awaitable[Outcome]],
+                 fail_one: Callable[[asyncpg.Connection, ClaimedEvent, str, Exception], Awaitable[Outcome]],
+                 run_alone: Callable[[ClaimedEvent], Awaitable[Outcome]],
                  complete: Callable[[asyncpg.Connection, list[tuple[int, int]]], Awaitable[set[int]]],
                  pool: asyncpg.Pool, name: str, *, transactions: int, max_batch: int, max_seconds: float) -> None:
         self._apply = apply
@@ -255,12 +255,12 @@ class TransactionBatches:
         self._job_seconds = 0.001  # recent time per job, a moving average
         self._transaction_seconds = 0.001  # recent time per batch, from its start to its commit
         self._careful_batches = 0  # batches still to run with savepoints after one that went wrong
-        self._batcher: Batcher[Job, Outcome | None] = Batcher(
+        self._batcher: Batcher[ClaimedEvent, Outcome | None] = Batcher(
             self._run, name=f"transactions:{name}", max_batch=max_batch, window=0.0, writers=transactions,
             limit=self._limit, active=self._active_transactions)
         self._batcher.start()
 
-    async def run(self, job: Job) -> Outcome:
+    async def run(self, job: ClaimedEvent) -> Outcome:
         while True:
             outcome = await self._batcher.submit(job)
             if outcome is not None:
@@ -283,14 +283,14 @@ class TransactionBatches:
         fit = int(self._max_seconds / max(self._job_seconds, 1e-6))
         return min(fit, max(self.EVEN_SHARE, -(-queued // self._active_transactions())))
 
-    async def _run(self, jobs: list[Job]) -> list[Outcome | None]:
+    async def _run(self, jobs: list[ClaimedEvent]) -> list[Outcome | None]:
         started = time.monotonic()
         try:
             return await self._run_batch(jobs)
         finally:
             self._transaction_seconds = 0.7 * self._transaction_seconds + 0.3 * (time.monotonic() - started)
 
-    async def _run_batch(self, jobs: list[Job]) -> list[Outcome | None]:
+    async def _run_batch(self, jobs: list[ClaimedEvent]) -> list[Outcome | None]:
         if len(jobs) == 1:
             metrics.worker_batch_size.observe(1)
             return [await self._run_alone(jobs[0])]
@@ -312,7 +312,7 @@ class TransactionBatches:
                 metrics.worker_batch_reruns.inc()
             return await self._run_in_savepoints(conn, jobs, order)
 
-    async def _run_without_savepoints(self, conn: asyncpg.Connection, jobs: list[Job],
+    async def _run_without_savepoints(self, conn: asyncpg.Connection, jobs: list[ClaimedEvent],
                                       order: list[int]) -> list[Outcome | None] | None:
         """Every job of the batch, none in a savepoint of its own (a round trip less each), and
         their completion; None, with nothing undone yet, as soon as anything goes wrong: a handler
@@ -347,7 +347,7 @@ class TransactionBatches:
         metrics.worker_batch_size.observe(len(ran))
         return outcomes
 
-    async def _run_in_savepoints(self, conn: asyncpg.Connection, jobs: list[Job],
+    async def _run_in_savepoints(self, conn: asyncpg.Connection, jobs: list[ClaimedEvent],
                                  order: list[int]) -> list[Outcome | None]:
         """Every job of the batch in its own savepoint, the first one open already."""
         outcomes: list[Outcome | None] = [None] * len(jobs)
@@ -366,7 +366,7 @@ class TransactionBatches:
         metrics.worker_batch_size.observe(len(ran))
         return outcomes
 
-    async def _savepoint(self, conn: asyncpg.Connection, jobs: list[Job], outcomes: list[Outcome | None],
+    async def _savepoint(self, conn: asyncpg.Connection, jobs: list[ClaimedEvent], outcomes: list[Outcome | None],
                          ran: list[int]) -> None:
         """Open the next job's savepoint; if the last handler left the transaction aborted, it
         fails alone first."""
@@ -376,7 +376,7 @@ class TransactionBatches:
             await self._aborted_by_last(conn, jobs, outcomes, ran)
             await conn.execute(f"SAVEPOINT {savepoint_name(len(ran))}")
 
-    async def _aborted_by_last(self, conn: asyncpg.Connection, jobs: list[Job], outcomes: list[Outcome | None],
+    async def _aborted_by_last(self, conn: asyncpg.Connection, jobs: list[ClaimedEvent], outcomes: list[Outcome | None],
                                ran: list[int]) -> None:
         """The transaction is aborted though every handler returned: the last one to run caught an
         error of its own statement (each earlier one was checked by the savepoint after it). That
@@ -386,7 +386,7 @@ class TransactionBatches:
             "the handler returned with its transaction aborted: one of its statements failed and the error "
             "was caught instead of raised"))
 
-    async def _complete(self, conn: asyncpg.Connection, jobs: list[Job], outcomes: list[Outcome | None],
+    async def _complete(self, conn: asyncpg.Connection, jobs: list[ClaimedEvent], outcomes: list[Outcome | None],
                         ran: list[int]) -> None:
         """One guarded completion for every job of the batch whose effect applied. A job whose lease
         is gone (another worker owns it now) is cut off at its savepoint with everything after it:
@@ -464,15 +464,15 @@ class Processor:
             raise PermanentFailure(f"no entity key at {provider.ordering.entity_key.describe()}")
         transactional = bool(provider.handler) and load_handler(provider.handler or "").transactional
         if transactional and not alone:
-            return await self._batches_of(provider).run(Job(event, provider, transition, deferred_since))
+            return await self._batches_of(provider).run(ClaimedEvent(event, provider, transition, deferred_since))
         if transactional or transition is not None:
-            return Outcome(await self._in_own_transaction(Job(event, provider, transition, deferred_since)))
+            return Outcome(await self._in_own_transaction(ClaimedEvent(event, provider, transition, deferred_since)))
         await self._effect(event, provider, None)
         self._effect_done(event.id)
         result = await self._book_effect(event, provider)
         return DONE if result is Result.DONE else Outcome(result)
 
-    async def _in_own_transaction(self, job: Job, pace: Callable[[float], None] | None = None) -> Result:
+    async def _in_own_transaction(self, job: ClaimedEvent, pace: Callable[[float], None] | None = None) -> Result:
         """``pace``: told how long the job took in its transaction (its commit not counted)."""
         event = job.event
         async with self.pool.acquire() as conn, handler_transaction(conn):
@@ -487,7 +487,7 @@ class Processor:
                 pace(time.monotonic() - began)
             return result
 
-    async def _batch_of_one(self, job: Job) -> Outcome:
+    async def _batch_of_one(self, job: ClaimedEvent) -> Outcome:
         """A batch of one job (the idle case): its own transaction, no savepoint round trips; a
         failure is booked after the rollback, as outside batches."""
         try:
@@ -515,7 +515,7 @@ class Processor:
                 max_seconds=self._batch_seconds)
         return self._batches[provider.name]
 
-    async def _in_savepoint(self, conn: asyncpg.Connection, job: Job, savepoint: str) -> Outcome:
+    async def _in_savepoint(self, conn: asyncpg.Connection, job: ClaimedEvent, savepoint: str) -> Outcome:
         """One job of a batch, inside the open ``savepoint``: DONE means its effect applied and its
         completion is the batch's to write (``TransactionBatches._complete``); a handler that raised,
         or a deferral whose lease was lost, rolls back to the savepoint (a failure is then booked in
@@ -536,7 +536,7 @@ class Processor:
             failure = exc
         return await self._failed_in_savepoint(conn, job, savepoint, failure)
 
-    async def _failed_in_savepoint(self, conn: asyncpg.Connection, job: Job, savepoint: str,
+    async def _failed_in_savepoint(self, conn: asyncpg.Connection, job: ClaimedEvent, savepoint: str,
                                    failure: Exception) -> Outcome:
         """Roll the job back to its ``savepoint`` and book its failure in the batch's transaction."""
         await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
@@ -593,7 +593,7 @@ class Processor:
             raise RetryableFailure(f"destination: {answer.describe()}", answer.retry_after)
         raise PermanentFailure(f"destination rejected the event: {answer.describe()}")
 
-    async def _apply(self, conn: asyncpg.Connection, job: Job) -> Result:
+    async def _apply(self, conn: asyncpg.Connection, job: ClaimedEvent) -> Result:
         """The effect and the entity's new state inside the caller's transaction or savepoint; DONE
         means the completion is still to be written (a deferral or dead letter is booked here)."""
         event, provider, transition = job.event, job.provider, job.transition

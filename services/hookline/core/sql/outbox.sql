@@ -218,7 +218,7 @@ CROSS JOIN LATERAL (
 ) AS p
 WHERE u.oldest IS NOT NULL;
 
--- name: list_dead
+-- name: list_dead_deliveries
 SELECT d.id, d.endpoint, o.event_id, o.event_type, d.attempts, d.processed_at, d.last_status, d.last_error
 FROM hookline.deliveries AS d JOIN hookline.outbox AS o ON o.id = d.outbox_id
 WHERE d.status = 'dead'

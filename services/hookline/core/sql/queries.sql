@@ -273,7 +273,7 @@ SET status = 'pending', attempts = attempts - 1, next_attempt_at = now() + make_
 WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
 RETURNING id;
 
--- name: list_dead
+-- name: list_dead_events
 SELECT provider, event_id, event_type, attempts, processed_at, last_error FROM hookline.inbox
 WHERE status = 'dead' AND ($1::text IS NULL OR provider = $1)
 ORDER BY processed_at DESC NULLS LAST, id DESC

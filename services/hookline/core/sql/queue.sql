@@ -256,7 +256,7 @@ SELECT pg_notify($1, part) FROM unnest($2::text[]) AS part;
 -- table with history the planner read every partition whole (70 ms at 200,000
 -- delivered rows, benchmarks/storage.py).
 WITH pending AS (
-    SELECT /* TEMPLATE: partition */provider AS partition, count(*) AS backlog, min(next_attempt_at) AS oldest
+    SELECT /* TEMPLATE: partition */provider AS partition, count(*) AS pending, min(next_attempt_at) AS oldest
     FROM /* TEMPLATE: table */hookline.inbox WHERE status = 'pending'
     GROUP BY 1
 ), dead AS (
@@ -268,11 +268,7 @@ WITH pending AS (
     FROM /* TEMPLATE: table */hookline.inbox WHERE status = 'pending' AND suspect
     GROUP BY 1
 )
-SELECT partition, coalesce(pending.backlog, 0) AS backlog,
+SELECT partition, coalesce(pending.pending, 0) AS pending,
        coalesce(extract(epoch FROM now() - pending.oldest), 0) AS oldest_pending_seconds,
        coalesce(dead.dead, 0) AS dead, coalesce(suspects.suspects, 0) AS suspects
 FROM pending FULL JOIN dead USING (partition) LEFT JOIN suspects USING (partition);
-
--- name: in_flight
-SELECT /* TEMPLATE: partition */provider AS partition, count(*) AS processing FROM /* TEMPLATE: table */hookline.inbox
-WHERE status = 'processing' GROUP BY /* TEMPLATE: partition */provider;

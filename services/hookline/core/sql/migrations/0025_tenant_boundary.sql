@@ -7,8 +7,8 @@
 -- take the advisory keys the housekeeping elected its leader and serialised on, write
 -- every inbox column (received_at moved rows into the default partition) and read the
 -- signing secrets of its own providers. Now:
---   * no function is executable by PUBLIC; each role gets exactly what it calls
---     (tenants: the two lookups its row-level security policies call, and the attempt log);
+--   * no function is executable by PUBLIC but the two lookups row-level security policies
+--     call for whoever reads a table; tenants get the attempt log besides;
 --   * every function either pins search_path = pg_catalog, pg_temp or has an SQL-standard
 --     body (names bound when it was created, and still inlined by the planner);
 --   * leadership and serialisation use owner-only tables no tenant can lock (below);
@@ -20,7 +20,7 @@
 -- 1. Nothing executable by PUBLIC (but the policies' lookups, 6.). The owner keeps EXECUTE;
 -- tenants are granted theirs in grant_tenant_privileges below. Producers in other roles
 -- that call hookline.publish need `GRANT EXECUTE ON FUNCTION hookline.publish(...)` and
--- INSERT on the outbox (README, "Who may call what"). tests/test_tenant_boundary.py fails
+-- INSERT on the outbox (README, "The tenant boundary in Postgres"). tests/test_tenant_boundary.py fails
 -- when a later migration adds a function without revoking it.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA hookline FROM PUBLIC;
 
