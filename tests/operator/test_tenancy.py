@@ -97,6 +97,15 @@ async def test_a_namespace_holds_no_credential_for_another_namespace(apiserver: 
         assert destination not in json.dumps(kget(apiserver, team_b, "whp", pb))
         assert all(destination not in e for e in event_lines(apiserver, team_b))
         assert f"{pa}-destination-secret" not in secrets_in(apiserver, team_a)  # a handler signs nothing
+        # Its workers read it from that Secret, mounted; they never get the key to the stored secrets.
+        pod_b = eventually(lambda: kget(apiserver, team_b, "deployment", f"{pb}-worker"),
+                           what="the destination provider's workers")["spec"]["template"]["spec"]
+        env_b = {e["name"]: e.get("value") for e in pod_b["containers"][0]["env"]}
+        assert env_b["HOOKLINE_DESTINATION_SECRET_FILE"] == "/etc/hookline/destination/secret"
+        assert "HOOKLINE_SECRET_KEYS_FILE" not in env_b and "HOOKLINE_SECRET_KEYS_FILE" not in env
+        mounted = next(v["secret"] for v in pod_b["volumes"] if v["name"] == "destination-secret")
+        assert (mounted["secretName"], mounted["items"]) == (f"{pb}-destination-secret",
+                                                              [{"key": "secret", "path": "secret"}])
 
         await insert_events(pool, pa, 3)
         await insert_events(pool, pb, 4)
