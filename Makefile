@@ -4,7 +4,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
-STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | $(PYTHON) -c "import sys,hashlib;print(hashlib.sha1(sys.stdin.buffer.read()).hexdigest()[:12])")
+HASH    = $(shell cat pyproject.toml | $(PYTHON) -c "import sys,hashlib;print(hashlib.sha1(sys.stdin.buffer.read()).hexdigest()[:12])")
+STAMP   = $(VENV)/.installed-$(HASH)
+RUN_STAMP = $(VENV)/.installed-run-$(HASH)
 ARGS   ?=
 
 .PHONY: run test lint typecheck pytest schema bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images clean help
@@ -13,14 +15,25 @@ help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
 
 # Extras: dev = embedded Postgres (hookline dev, the tests), operator = kopf and kubernetes.
-$(STAMP): pyproject.toml
+# `make run` installs only what `hookline dev` needs; `make test` everything (a superset, so a
+# venv made by `make test` serves `make run` too).
+define make_venv
 	$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,operator,test,otel]'
-	rm -f $(VENV)/.installed-* && touch $@
+endef
 
-run: $(STAMP)  ## start the whole stack on an embedded Postgres (Ctrl-C stops it)
+$(RUN_STAMP): pyproject.toml
+	$(make_venv)
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-run-* && touch $@
+
+$(STAMP): pyproject.toml
+	$(make_venv)
+	$(BIN)/python -m pip install --quiet -e '.[dev,operator,test,otel]'
+	rm -f $(VENV)/.installed-* && touch $@ $(RUN_STAMP)
+
+run: $(if $(wildcard $(STAMP)),$(STAMP),$(RUN_STAMP))  ## start the whole stack on an embedded Postgres (Ctrl-C stops it)
 	$(BIN)/hookline dev $(ARGS)
 
 test: lint typecheck pytest  ## ruff, mypy --strict and the whole test suite

@@ -169,6 +169,12 @@ retry: {maxAttempts: 5, initialDelaySeconds: 0.3, maxDelaySeconds: 0.5}
     assert gaps[0] >= 0.3 and gaps[1] >= 0.3  # attempt 1 waits initial; attempt 2 waits in [0.3, 0.5]
     assert all(g < 3 for g in gaps)
     assert await effect_counts(effects) == (1, 1)
+    # Each failed attempt said so in the log, at once: which event, which attempt of how many, when next, why.
+    retried = [line for line in w.logs().splitlines() if "attempt failed; will retry" in line]
+    assert len(retried) == 2, w.logs()
+    for n, line in enumerate(retried, start=1):
+        assert f'attempt="{n} of 5"' in line, line
+        assert "provider=flaky" in line and f"failing attempt {n} on purpose" in line, line
 
 
 async def test_poison_events_go_dead_without_stalling_the_rest(database_url, effects, log_dir) -> None:

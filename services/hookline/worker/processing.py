@@ -641,4 +641,11 @@ class Processor:
             return Outcome(Result.DEAD, error)
         delay = provider.retry.next_delay(event.attempts, retry_after) + clock_lag
         ok = await INBOX.retry(conn, event.id, event.attempts, self.worker_id, delay, error)
+        if ok:
+            # One line per failed attempt: a handler that fails is seen at its first failure, not
+            # hours later when the event is dead.
+            log.warning("attempt failed; will retry", extra={
+                "provider": event.provider, "event_id": event.event_id,
+                "attempt": f"{event.attempts} of {provider.retry.max_attempts}",
+                "retry_in_seconds": round(delay, 1), "error": (error.splitlines() or [""])[0][:300]})
         return Outcome(Result.RETRY if ok else Result.LOST)
