@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from hookline.core import db, migrations
+from hookline.core import db, migrations, secrets_at_rest
 from hookline.core.embedded import EmbeddedPostgres
 from support.postgres import TEMPLATE, PgServer, with_database
+
+# Signing secrets are encrypted at rest and every path that writes or reads one needs the key file:
+# the whole session, and every process a test starts (they inherit the environment), uses this one.
+_KEYS_FILE = Path(tempfile.mkdtemp(prefix="hookline-test-keys-")) / "secret-keys"
+secrets_at_rest.write_new_keys_file(_KEYS_FILE)
+os.environ[secrets_at_rest.KEYS_FILE_ENV] = str(_KEYS_FILE)
 
 
 async def _prepare_template(admin_url: str) -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -32,7 +34,17 @@ async def owner(scram_server: EmbeddedPostgres) -> AsyncIterator[asyncpg.Connect
     try:
         yield conn
     finally:
+        # Gone with its roles: the server is the session's (tests/test_tenant_boundary.py drops every
+        # worker role it finds, which fails on a role that still has privileges in a database here).
+        roles = [r["role_name"] for r in await conn.fetch("SELECT role_name FROM hookline.tenants")]
         await conn.close()
+        admin = await asyncpg.connect(scram_server.url)
+        try:
+            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+            for role in roles:
+                await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        finally:
+            await admin.close()
 
 
 async def add_provider(conn: asyncpg.Connection, name: str, namespace: str | None) -> str:
@@ -75,12 +87,11 @@ async def test_a_worker_role_reaches_only_its_namespace(owner: asyncpg.Connectio
         assert {r["name"] for r in await team_a.fetch("SELECT name FROM hookline.providers")} == {"pay-a", "pay-a2"}
         assert {r["provider"] for r in await team_a.fetch("SELECT provider FROM hookline.inbox")} == {"pay-a", "pay-a2"}
         assert await team_a.fetchval("SELECT count(*) FROM hookline.entity_states WHERE provider = 'pay-b'") == 0
-        # Other teams' destination secrets are out of reach, by name or by any other filter; signing
-        # secrets, its own included, are not readable at all (migration 0025).
-        assert await team_a.fetch("SELECT destination_secret FROM hookline.providers "
-                                  "WHERE owner_namespace IS DISTINCT FROM 'team-a'") == []
-        with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            await team_a.fetch("SELECT secrets FROM hookline.providers")
+        # No secret column is readable at all, its own providers' included: signing secrets since
+        # migration 0025, destination secrets (mounted into its workers as a file) since 0026.
+        for column in ("secrets", "destination_secret"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await team_a.fetch(f"SELECT {column} FROM hookline.providers")
         # Writes to other teams' rows change nothing...
         assert await team_a.execute("UPDATE hookline.inbox SET status = 'dead' WHERE provider = 'pay-b'") == "UPDATE 0"
         assert await team_a.execute("UPDATE hookline.entity_states SET state = 'x' WHERE provider = 'pay-b'") \
@@ -253,6 +264,76 @@ async def test_a_name_taken_over_gets_a_destination_secret_of_its_own(pool: asyn
     assert (await claim_row(pool, team_b, spec, secrets, replaces_uid="uid-a")).owned  # owner proven gone
     taken = await pool.fetchval("SELECT destination_secret FROM hookline.providers WHERE name = 'shop'")
     assert taken and taken != first
+
+
+async def test_a_tenant_worker_signs_with_the_mounted_destination_secret_and_holds_no_key(
+        owner: asyncpg.Connection, scram_server: EmbeddedPostgres, tmp_path: Path) -> None:
+    """Operator-made workers get no key for secrets at rest: they read their destination signing
+    secret from HOOKLINE_DESTINATION_SECRET_FILE (the Secret the operator mirrors it into) and no
+    secret column, and their role sees the stored secrets only as ciphertext, if at all."""
+    from aiohttp import web
+    from standardwebhooks import Webhook
+
+    from hookline.core.embedded import free_port
+    from hookline.core.secrets_at_rest import destination_secret_context, provider_secrets_context, required_ring
+    from hookline.core.signatures import get_scheme
+    from support.inbox import wait_for
+    from support.processes import worker
+
+    destination_secret = get_scheme("standard-webhooks").generate_secret()
+    verified: list[str] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.read()
+        Webhook(destination_secret).verify(body, dict(request.headers))
+        verified.append(request.headers["Hookline-Event-Id"])
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/hook", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+
+    ring = required_ring("test")
+    uid = str(uuid.uuid4())
+    spec = json.dumps({"signature": {"scheme": "standard-webhooks"},
+                       "destination": {"url": f"http://127.0.0.1:{port}/hook"}})
+    signing = get_scheme("standard-webhooks").generate_secret()
+    await owner.execute(
+        "INSERT INTO hookline.providers (name, spec, secrets, destination_secret, managed_by, owner_namespace, "
+        "owner_name, owner_uid) VALUES ('pay', $1::jsonb, $2::jsonb, $3, 'operator', 'team-a', 'pay', $4)",
+        spec, json.dumps([{"value": ring.seal(signing, provider_secrets_context("pay")), "notAfter": None}]),
+        ring.seal(destination_secret, destination_secret_context("pay")), uid)
+    _role, url = await tenant_for(owner, scram_server, "team-a", uid)
+
+    team_a = await asyncpg.connect(url)
+    try:
+        # Whatever a tenant may still select of the row, no secret is readable in it.
+        visible = str([dict(r) for r in await team_a.fetch("SELECT name, spec FROM hookline.providers")])
+        with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
+            visible += str(await team_a.fetch("SELECT secrets FROM hookline.providers"))
+        with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
+            visible += str(await team_a.fetch("SELECT destination_secret FROM hookline.providers"))
+        assert signing not in visible and destination_secret not in visible
+        assert signing.removeprefix("whsec_") not in visible
+    finally:
+        await team_a.close()
+
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(destination_secret)
+    await insert_events(owner, "pay", 3)
+    proc = worker(url, tmp_path, "--provider", "pay", "--poll-interval", "0.05",
+                  env={"HOOKLINE_SECRET_KEYS_FILE": "", "HOOKLINE_DESTINATION_SECRET_FILE": str(secret_file)})
+    try:
+        await wait_for(owner, "SELECT count(*) FROM hookline.inbox WHERE provider = 'pay' AND status = 'done'", 3,
+                       timeout=30)
+    finally:
+        proc.stop()
+        await runner.cleanup()
+    assert len(verified) == 3
+    assert destination_secret not in proc.logs()
 
 
 # -- pure rules --------------------------------------------------------------------------------

@@ -14,7 +14,9 @@ import pytest
 import standardwebhooks
 from aiohttp import web
 
+from hookline.core.providers import stored_destination_secret
 from hookline.core.queue import RetryPolicy
+from hookline.core.secrets_at_rest import configured_ring
 from support import senders
 from support.inbox import apply_provider, create_effect_tables, insert_events, status_counts, wait_for
 from support.processes import ServiceProcess, receiver, worker
@@ -303,7 +305,8 @@ signature: {{scheme: none}}
 destination: {{url: "http://127.0.0.1:{port}/hook", timeoutSeconds: 0.5}}
 retry: {{maxAttempts: 6, initialDelaySeconds: 0.1, maxDelaySeconds: 0.2}}
 """)
-    secret_box.append(await effects.fetchval("SELECT destination_secret FROM hookline.providers WHERE name = 'dest'"))
+    stored = await effects.fetchval("SELECT destination_secret FROM hookline.providers WHERE name = 'dest'")
+    secret_box.append(stored_destination_secret(configured_ring(), "dest", stored))  # sealed at rest
     for event_id in plans:
         await effects.execute("INSERT INTO hookline.inbox (provider, event_id, body) VALUES ('dest', $1, $2)",
                               event_id, b'{"hello": "world"}')

@@ -30,11 +30,14 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HOOKLINE_OPERATOR_INTERVAL"] = str(args.interval)
     import kopf
 
+    from hookline.core import secrets_at_rest
     from hookline.core.config import database_url
     from hookline_operator import apiserver_probe, handlers  # noqa: F401  (register the handlers)
     from hookline_operator.memo import OperatorMemo
 
     database_url()  # fail fast with a clear message when it is not set
+    # It stores every provider's signing secrets and mirrors destination secrets: not without the key.
+    secrets_at_rest.required_ring("the operator")
     check_settings()
     os.environ.setdefault("POD_ID", own_identity())
     asyncio.run(kopf.operator(

@@ -28,8 +28,9 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from hookline.core import db
+from hookline.core import secrets_at_rest as sealing
 from hookline.core.config import database_url
-from hookline.core.providers import SpecError, parse_provider
+from hookline.core.providers import SpecError, parse_provider, stored_secrets
 from hookline.core.signatures import get_scheme
 from hookline_operator import placement, resources, tenancy
 from hookline_operator.kube import Kube, ObservedSecret
@@ -170,11 +171,25 @@ async def ensure_secret(kube: Kube, body: kopf.Body, res: Resource, spec: dict[s
 
 async def claim_row(conn: asyncpg.Connection | asyncpg.Pool, res: Resource, spec: dict[str, Any],
                     secrets: list[dict[str, Any]], replaces_uid: str | None = None) -> Claim:
-    """Claim the public name for ``res`` and store the spec: one atomic statement."""
+    """Claim the public name for ``res`` and store the spec (its secrets sealed): one atomic statement,
+    after a read of the stored secrets (kept where unchanged; the proof that adopts a row from before
+    ownership: see claim_provider in queries.sql)."""
+    ring = sealing.required_ring("the operator's provider sync")
     current = secrets[0]["value"] if secrets and secrets[0]["notAfter"] is None else None
-    fresh_destination_secret = get_scheme("standard-webhooks").generate_secret()
-    row = await conn.fetchrow(db.query("claim_provider"), res.name, spec, secrets, fresh_destination_secret,
-                              res.namespace, res.name, res.uid, current, replaces_uid)
+    found = await conn.fetchrow(db.query("get_provider_claim_secrets"), res.name)
+    stored = found["secrets"] if found is not None else []
+    proof = None
+    if current is not None and found is not None and found["managed_by"] is None:
+        try:
+            if current in (s["value"] for s in stored_secrets(ring, res.name, stored)):
+                proof = stored
+        except sealing.SealedValueError:
+            pass  # a row whose secrets do not open proves nothing
+    sealed = sealing.seal_entries(ring, secrets, sealing.provider_secrets_context(res.name), stored)
+    fresh_destination_secret = ring.seal(get_scheme("standard-webhooks").generate_secret(),
+                                         sealing.destination_secret_context(res.name))
+    row = await conn.fetchrow(db.query("claim_provider"), res.name, spec, sealed, fresh_destination_secret,
+                              res.namespace, res.name, res.uid, current is not None, replaces_uid, proof)
     return claim_outcome(row, res.uid)
 
 

@@ -12,6 +12,10 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "hookline-operator"}
 PREVIOUS_KEY = "previous"  # JSON list of {"value", "notAfter"}: rotated-out secrets still valid for a while
 WORKER_PORT = 8081
 DATABASE_SECRET_KEY = "url"
+# Tenant workers read the destination signing secret from the Secret the operator mirrors it into
+# (tenancy.ensure_destination_secret), mounted here: they hold no key to open the column.
+DESTINATION_SECRET_DIR = "/etc/hookline/destination"
+DESTINATION_SECRET_FILE_ENV = "HOOKLINE_DESTINATION_SECRET_FILE"
 
 
 def secret_ref(name: str, spec: dict[str, Any]) -> tuple[str, str]:
@@ -69,7 +73,10 @@ def worker_deployment(provider: str, spec: dict[str, Any], replicas: int,
     # Longer than a lease: in-flight events finish (or are handed back) before SIGKILL.
     pod_spec["terminationGracePeriodSeconds"] = lease + 30
     pod_spec["volumes"] = [*(pod_spec.get("volumes") or []), {"name": "tmp", "emptyDir": {}}]
-    _complete_container(template.container(pod), provider, lease, template.concurrency)
+    container = template.container(pod)
+    _complete_container(container, provider, lease, template.concurrency)
+    if spec.get("destination"):
+        _mount_destination_secret(pod_spec, container, provider)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -90,9 +97,22 @@ def _complete_container(container: dict[str, Any], provider: str, lease: int, co
                          "--grace-period", str(lease), "--concurrency", str(concurrency)]
     database = {"name": "HOOKLINE_DATABASE_URL",
                 "valueFrom": {"secretKeyRef": {"name": database_secret_name(provider), "key": DATABASE_SECRET_KEY}}}
-    # The provider's own credential, first and only: a template cannot point workers elsewhere.
-    container["env"] = [database, *(e for e in container.get("env") or [] if e.get("name") != database["name"])]
+    # The provider's own credential, first and only: a template cannot point workers elsewhere. Never the
+    # key that opens secrets at rest: a tenant's code runs in these pods.
+    container["env"] = [database, *(e for e in container.get("env") or []
+                                    if e.get("name") not in (database["name"], "HOOKLINE_SECRET_KEYS_FILE"))]
     container["ports"] = [{"name": "http", "containerPort": WORKER_PORT}]
     container["livenessProbe"] = probe
     container["readinessProbe"] = {**probe, "httpGet": {"path": "/readyz", "port": "http"}}
     container["volumeMounts"] = [*(container.get("volumeMounts") or []), {"name": "tmp", "mountPath": "/tmp"}]
+
+
+def _mount_destination_secret(pod_spec: dict[str, Any], container: dict[str, Any], provider: str) -> None:
+    """The mirrored destination secret as a file (updated in place when it is rotated). Not optional:
+    a pod waits for the Secret rather than sending unsigned destination calls."""
+    pod_spec["volumes"].append({"name": "destination-secret", "secret": {
+        "secretName": destination_secret_name(provider), "items": [{"key": "secret", "path": "secret"}]}})
+    container["volumeMounts"].append({"name": "destination-secret", "mountPath": DESTINATION_SECRET_DIR,
+                                      "readOnly": True})
+    container["env"] = [*(e for e in container["env"] if e.get("name") != DESTINATION_SECRET_FILE_ENV),
+                        {"name": DESTINATION_SECRET_FILE_ENV, "value": f"{DESTINATION_SECRET_DIR}/secret"}]

@@ -24,6 +24,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 import asyncpg
 
 from hookline.core import db
+from hookline.core import secrets_at_rest as sealing
 from hookline_operator import resources
 
 HANDLER_MODULES_ENV = "HOOKLINE_HANDLER_MODULES"
@@ -237,9 +238,11 @@ async def ensure_destination_secret(kube: SecretApi, conn: asyncpg.Connection | 
     """
     if not spec.get("destination"):
         return None
-    value = await conn.fetchval(db.query("destination_secret", "tenancy.sql"), provider, uid)
-    if not value:
+    stored = await conn.fetchval(db.query("destination_secret", "tenancy.sql"), provider, uid)
+    if not stored:
         return None
+    value = sealing.open_value(sealing.required_ring("mirroring the destination secret"), stored,
+                               sealing.destination_secret_context(provider))
     name = resources.destination_secret_name(provider)
     existing = await kube.read_secret(namespace, name)
     if existing is None:

@@ -97,6 +97,8 @@ TRACED = ("dev", "receiver", "worker", "relay")
 ENVIRONMENT = """\
 environment:
   HOOKLINE_DATABASE_URL   postgresql:// URL of the database (required)
+  HOOKLINE_SECRET_KEYS_FILE  the keys that encrypt signing secrets at rest, one base64 32-byte key
+                          a line, the first encrypts (required wherever a secret is written or read)
   HOOKLINE_LOG_FORMAT     json or text (default: text on a terminal, json otherwise)
   HOOKLINE_LOG_LEVEL      used when --log-level is not given
 """
@@ -122,6 +124,8 @@ def configure_dev_parser(subparsers: Subparsers) -> None:
         examples="  hookline dev                                  an example provider on port 8080\n"
         "  hookline dev --providers providers.yaml --port 9000\n",
         environment="environment:\n  HOOKLINE_LOG_FORMAT     json or text (default: text for dev)\n"
+        "  HOOKLINE_SECRET_KEYS_FILE  keys that encrypt signing secrets at rest (default: secret-keys in\n"
+        "                          --data-dir, made with a new key, mode 0600, on first run)\n"
         "  HOOKLINE_LOG_LEVEL      used when --log-level is not given\n"
         "  (HOOKLINE_DATABASE_URL is not read: the database is the embedded one. Needs hookline[dev].)\n")
     p.add_argument("--port", type=int, default=8080, help="receiver port (default 8080)")
@@ -172,7 +176,10 @@ def configure_worker_parser(subparsers: Subparsers) -> None:
         "out-of-order events. Run as many as you like, on as many hosts as you like.",
         examples="  hookline worker                               every provider\n"
         "  hookline worker --provider stripe --provider github --concurrency 32\n"
-        "  hookline worker --sweep                       also requeue expired leases\n")
+        "  hookline worker --sweep                       also requeue expired leases\n",
+        environment=ENVIRONMENT + "  HOOKLINE_DESTINATION_SECRET_FILE  for a tenant's workers (as the operator runs\n"
+        "                          them): the destination signing secret of the one --provider, from this file;\n"
+        "                          no secret column is read and no key file is needed\n")
     p.add_argument("--provider", action="append", dest="providers", metavar="NAME",
                    help="only this provider (repeatable; default: all providers)")
     p.add_argument("--concurrency", type=int, default=16, help="events processed at once (default 16)")
@@ -347,6 +354,28 @@ def configure_providers_parser(subparsers: Subparsers) -> None:
     _add_common(delete)
 
 
+def configure_secrets_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "secrets", "manage the keys that encrypt signing secrets at rest",
+        description="Signing secrets (providers', destinations', endpoints') are stored encrypted with the keys in "
+        "HOOKLINE_SECRET_KEYS_FILE: one base64 32-byte key a line; the first line encrypts, every line decrypts.")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    _add_common(_add_command(
+        actions, "rotate-key", "re-wrap every stored secret with the first key of the key file",
+        description="Re-wrap every stored signing secret with the first key in HOOKLINE_SECRET_KEYS_FILE, online: "
+        "every service keeps reading secrets throughout, as long as its key file holds both keys. Idempotent: "
+        "a second run re-wraps nothing. Prints how many values it re-wrapped, and which keys had wrapped them.\n\n"
+        "A key rotation, step by step:\n"
+        "  1. make a new key (openssl rand -base64 32) and add it as the FIRST line of the key file,\n"
+        "     keeping the old key on a later line;\n"
+        "  2. roll the file out to every receiver, relay, operator and migrate job (the chart: put the new\n"
+        "     key first in secretsAtRest.keys and upgrade); from then on new secrets use the new key;\n"
+        "  3. run `hookline secrets rotate-key`: everything stored is wrapped by the new key;\n"
+        "  4. remove the old key from the file and roll out again.\n"
+        "A value wrapped by a key no longer in the file cannot be read: run step 3 before step 4.",
+        examples="  HOOKLINE_SECRET_KEYS_FILE=/etc/hookline/keys hookline secrets rotate-key\n"))
+
+
 def configure_events_parser(subparsers: Subparsers) -> None:
     p = _add_command(
         subparsers, "events", "the history of inbox events: state, headers, body and every attempt",
@@ -423,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     for configure in (configure_dev_parser, configure_migrate_parser, configure_receiver_parser,
                       configure_worker_parser, configure_dlq_parser, configure_relay_parser,
                       configure_endpoints_parser, configure_operator_parser, configure_providers_parser,
+                      configure_secrets_parser,
                       configure_status_parser, configure_events_parser,
                       configure_deliveries_parser):
         configure(subparsers)
@@ -503,6 +533,7 @@ def main(argv: list[str] | None = None) -> None:
         "migrate": commands.migrate,
         "receiver": commands.receiver,
         "providers": commands.providers_cmd,
+        "secrets": commands.secrets_cmd,
         "worker": commands.worker,
         "dlq": commands.dlq,
         "relay": commands.relay,

@@ -4,13 +4,15 @@ answer printed (argument parsing lives in cli.py; the domain operations in core/
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 
-from hookline.core import db, migrations, pools, providers
+from hookline.core import db, migrations, pools, providers, secrets_at_rest
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.http import run_until_stopped
 from hookline.core.listener import Listener
@@ -35,15 +37,35 @@ async def _connect() -> asyncpg.Connection:
 
 
 async def migrate(args: argparse.Namespace) -> int:
+    from hookline.core import stored_secrets
+
     conn = await _connect()
     try:
         applied = await migrations.migrate(conn)
+        print("applied: " + ", ".join(applied) if applied else "schema is up to date")
         warning = await migrations.public_schema_warning(conn)
+        if warning:
+            print(f"hookline: warning: {warning}", file=sys.stderr)
+        for line in await stored_secrets.seal_plaintext(conn):
+            print(line, file=sys.stderr if line.startswith("warning") else sys.stdout)
     finally:
         await conn.close()
-    print("applied: " + ", ".join(applied) if applied else "schema is up to date")
-    if warning:
-        print(f"hookline: warning: {warning}", file=sys.stderr)
+    return 0
+
+
+async def secrets_cmd(args: argparse.Namespace) -> int:
+    from hookline.core import secrets_at_rest, stored_secrets
+
+    ring = secrets_at_rest.required_ring("`hookline secrets rotate-key`")
+    conn = await _connect()
+    try:
+        report = await stored_secrets.reseal_all(conn, ring, rewrap=True)
+    except secrets_at_rest.SealedValueError as exc:
+        return _fail(f"{exc}; nothing was changed")
+    finally:
+        await conn.close()
+    for line in report.lines(ring):
+        print(line)
     return 0
 
 
@@ -98,6 +120,7 @@ async def receiver(args: argparse.Namespace) -> int:
     from hookline.core.providers import ProviderRegistry
     from hookline.receiver.app import Receiver
 
+    secrets_at_rest.required_ring("the receiver")  # it verifies every request with a stored secret
     # The registry's LISTEN connection is the listener's, outside the pool; the total stays pools.receiver.
     size = pools.pool_size(pools.receiver(args.db_connections))
     pool = await db.create_pool(min_size=size, max_size=size, lean=True, pinned_search_path=True)
@@ -118,6 +141,20 @@ async def receiver(args: argparse.Namespace) -> int:
     return 0
 
 
+def _destination_secret_file(providers: list[str] | None) -> Path | None:
+    """HOOKLINE_DESTINATION_SECRET_FILE: the destination signing secret of the worker's one provider, as
+    the operator mounts it into a tenant's workers (they have no key to open the stored one)."""
+    from hookline.core.config import ConfigError
+
+    configured = os.environ.get("HOOKLINE_DESTINATION_SECRET_FILE", "").strip()
+    if not configured:
+        return None
+    if len(providers or []) != 1:
+        raise ConfigError("HOOKLINE_DESTINATION_SECRET_FILE is one provider's destination secret: "
+                          "run the worker with exactly one --provider")
+    return Path(configured)
+
+
 async def worker(args: argparse.Namespace) -> int:
     from hookline.core.http import ops_app, serve
     from hookline.core.maintenance import Maintainer, inbox_maintainer, partitions_maintainer
@@ -126,6 +163,7 @@ async def worker(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1:
         return _fail("--concurrency must be at least 1")
+    destination_secret_file = _destination_secret_file(args.providers)
     # Connections open as load asks for them (an idle worker holds a few), up to the size the operator's
     # connection budget counts per worker pod: the pool, the shared LISTEN and the maintenance leader's lock.
     # A sweeping worker also takes part in the partition manager's election: one more lock connection,
@@ -136,7 +174,8 @@ async def worker(args: argparse.Namespace) -> int:
                                 lean=True, generic_plans=True, pinned_search_path=True)
     listener = Listener(DedicatedConnection())
     await listener.start()
-    registry = ProviderRegistry(pool, listener=listener, signing_secrets=False)
+    registry = ProviderRegistry(pool, listener=listener, signing_secrets=False,
+                                destination_secret_file=destination_secret_file)
     await registry.start()
     unknown = [n for n in args.providers or [] if registry.get(n) is None]
     if unknown:
@@ -202,6 +241,7 @@ async def relay(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1:
         return _fail("--concurrency must be at least 1")
+    secrets_at_rest.required_ring("the relay")  # it signs every delivery with a stored secret
     breaker = BreakerSettings(failure_rate=args.breaker_failure_rate, min_volume=args.breaker_min_volume,
                               window_seconds=args.breaker_window, probe_interval=args.breaker_probe_interval,
                               close_after=args.breaker_close_after)

@@ -7,6 +7,7 @@ import asyncio
 import importlib.resources
 import json
 import logging
+import os
 import shlex
 import sys
 import time
@@ -14,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Protocol
 
-from hookline.core import db, migrations
+from hookline.core import db, migrations, secrets_at_rest, stored_secrets
 from hookline.core.config import ConfigError
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.embedded import EmbeddedPostgres, free_port
@@ -73,6 +74,8 @@ async def _prepare_database(url: str, providers_file: Path | None) -> None:
     conn = await db.connect(url)
     try:
         await migrations.migrate(conn)
+        for line in await stored_secrets.seal_plaintext(conn):
+            print(line, flush=True)
         if providers_file:
             text = await asyncio.to_thread(providers_file.read_text)
         else:
@@ -132,9 +135,25 @@ async def _run_stack(args: argparse.Namespace, url: str) -> None:
     await run_until_stopped(start, stop)
 
 
+def use_keys_file(data_dir: Path) -> Path:
+    """The key file that encrypts secrets at rest: HOOKLINE_SECRET_KEYS_FILE when set, else
+    ``secret-keys`` in the data dir (made with a new key, mode 0600, on first use), which every
+    part of the stack (and the CLI, told the same path) then reads."""
+    configured = os.environ.get(secrets_at_rest.KEYS_FILE_ENV, "").strip()
+    path = Path(configured) if configured else data_dir / "secret-keys"
+    if not configured and not path.exists():
+        secrets_at_rest.write_new_keys_file(path)
+    os.environ[secrets_at_rest.KEYS_FILE_ENV] = str(path)
+    secrets_at_rest.required_ring("hookline dev")  # a bad file stops here, with its reason
+    return path
+
+
 async def run_dev(args: argparse.Namespace) -> int:
     data_dir: Path = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    keys_file = use_keys_file(data_dir)
+    print(f"signing secrets are encrypted at rest with the keys in {keys_file} (for the CLI: "
+          f"export {secrets_at_rest.KEYS_FILE_ENV}={shlex.quote(str(keys_file))})", flush=True)
     server = EmbeddedPostgres(data_dir, port=_stable_port(data_dir))
     log.info("starting embedded Postgres", extra={"data_dir": str(data_dir)})
     try:

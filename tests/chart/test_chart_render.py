@@ -3,6 +3,7 @@ schemas (offline, kubernetes-validate), and the rules a reviewer of a public cha
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Callable
@@ -495,3 +496,73 @@ def test_notes_signing_recipe_matches_standard_webhooks() -> None:
     body = body.replace(", ", ",").replace(": ", ":")  # the NOTES body is compact JSON
     expected = Webhook(secret).sign(event_id, datetime.fromtimestamp(int(timestamp), tz=UTC), body)
     assert f"v1,{out[2].strip()}" == expected
+
+
+# -- signing secrets at rest (values secretsAtRest) --------------------------------------------------
+
+KEY_A, KEY_B = "A" * 42 + "E=", "B" * 42 + "E="
+
+
+def _key_file_mounts(rendered: Rendered) -> dict[str, str]:
+    """Component -> the Secret its HOOKLINE_SECRET_KEYS_FILE comes from, for every pod that has one."""
+    found = {}
+    for obj, pod in rendered.workloads():
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for container in pod["containers"]:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            if "HOOKLINE_SECRET_KEYS_FILE" not in env:
+                continue
+            mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+            mount = mounts[env["HOOKLINE_SECRET_KEYS_FILE"].rsplit("/", 1)[0]]
+            assert mount["readOnly"] is True
+            secret = volumes[mount["name"]]["secret"]
+            assert [i["path"] for i in secret["items"]] == [env["HOOKLINE_SECRET_KEYS_FILE"].rsplit("/", 1)[1]]
+            found[obj["metadata"]["labels"]["app.kubernetes.io/component"]] = secret["secretName"]
+    return found
+
+
+def test_the_key_file_reaches_receiver_relay_operator_and_migrations_and_no_worker(rendered: Rendered) -> None:
+    mounts = _key_file_mounts(rendered)
+    assert set(mounts) == {"receiver", "relay", "operator", "migrate"}
+    template = yaml.safe_load(rendered.one("ConfigMap", fullname("worker-template"))["data"]["template.yaml"])
+    assert "HOOKLINE_SECRET_KEYS_FILE" not in json.dumps(template) and "secret-keys" not in json.dumps(template)
+
+
+def test_chart_managed_keys_first_encrypts_and_the_secret_precedes_the_migrate_hook() -> None:
+    rendered = render(deep_merge(MINIMAL, {"secretsAtRest": {"keys": [KEY_B, KEY_A]}}))
+    secret = rendered.one("Secret", fullname("secret-keys"))
+    lines = [line for line in secret["stringData"]["keys"].splitlines() if line and not line.startswith("#")]
+    assert lines == [KEY_B, KEY_A]
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    job = rendered.one("Job", fullname("migrate"))
+    assert int(secret["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(
+        job["metadata"]["annotations"]["helm.sh/hook-weight"])
+    assert set(_key_file_mounts(rendered).values()) == {fullname("secret-keys")}
+
+
+def test_new_keys_in_values_roll_every_pod_that_reads_them() -> None:
+    def checksums(keys: list[str]) -> dict[str, str]:
+        rendered = render(deep_merge(MINIMAL, {"secretsAtRest": {"keys": keys}}))
+        return {name: rendered.one("Deployment", fullname(name))["spec"]["template"]["metadata"]["annotations"][
+            "checksum/secret-keys"] for name in ("receiver", "relay", "operator")}
+
+    before, after = checksums([KEY_A]), checksums([KEY_B, KEY_A])
+    assert all(before[name] != after[name] for name in before)
+
+
+def test_without_keys_one_is_generated_and_an_existing_secret_replaces_the_chart_one() -> None:
+    generated = render_default().one("Secret", fullname("secret-keys"))["stringData"]["keys"]
+    keys = [line for line in generated.splitlines() if line and not line.startswith("#")]
+    assert len(keys) == 1 and len(base64.b64decode(keys[0])) == 32
+    rendered = render(deep_merge(MINIMAL, {"secretsAtRest": {"existingSecret": "my-keys", "secretKey": "file"}}))
+    assert not rendered.find("Secret", fullname("secret-keys"))
+    assert set(_key_file_mounts(rendered).values()) == {"my-keys"}
+    volumes = rendered.one("Deployment", fullname("receiver"))["spec"]["template"]["spec"]["volumes"]
+    assert next(v for v in volumes if v["name"] == "secret-keys")["secret"]["items"][0]["key"] == "file"
+
+
+def test_a_key_that_is_not_32_bytes_of_base64_is_refused() -> None:
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmValuesError, match="secretsAtRest"):
+        render(deep_merge(MINIMAL, {"secretsAtRest": {"keys": ["too-short"]}}))

@@ -305,3 +305,28 @@ def test_a_broken_template_file_is_named(text: str, message: str) -> None:
 
     with pytest.raises(podtemplate.TemplateError, match=message):
         podtemplate.parse_template(text, "template.yaml")
+
+
+def test_worker_pods_get_the_destination_secret_as_a_file_and_never_the_key_file() -> None:
+    """A tenant's workers hold no key for secrets at rest: a destination provider's workers read the
+    destination signing secret from the Secret the operator mirrors it into, and whatever the template
+    says, HOOKLINE_SECRET_KEYS_FILE is not in their environment."""
+    from hookline_operator import podtemplate, resources
+
+    values = {"worker": {"extraEnv": [{"name": "HOOKLINE_SECRET_KEYS_FILE", "value": "/stolen/keys"}]}}
+    configmap = render(deep_merge(MINIMAL, values)).one("ConfigMap", TEMPLATE_CONFIGMAP)
+    template = podtemplate.parse_template(configmap["data"]["template.yaml"])
+    deployment = resources.worker_deployment("shop", {"destination": {"url": "http://d/"}}, 1, template)
+    deployment["metadata"]["namespace"] = "team-a"
+    kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert "HOOKLINE_SECRET_KEYS_FILE" not in env and "/stolen/keys" not in str(deployment)
+    assert env["HOOKLINE_DESTINATION_SECRET_FILE"]["value"] == "/etc/hookline/destination/secret"
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/etc/hookline/destination")
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "shop-destination-secret" and "optional" not in volume["secret"]
+
+    handler = resources.worker_deployment("shop", {"handler": "m:f"}, 1, template)
+    assert "HOOKLINE_DESTINATION_SECRET_FILE" not in str(handler) and "destination-secret" not in str(handler)

@@ -18,6 +18,8 @@ from apiserver import ApiServer
 
 from hookline.core import migrations
 from hookline.core.embedded import EmbeddedPostgres
+from hookline.core.providers import stored_secrets
+from hookline.core.secrets_at_rest import configured_ring
 from support import senders
 from support.cluster import metric
 from support.endpoints import wait_for
@@ -115,7 +117,8 @@ async def test_provider_gets_a_secret_a_row_workers_and_status(apiserver, namesp
 
     row = await pool.fetchrow("SELECT spec, secrets FROM hookline.providers WHERE name = 'shop'")
     assert row["spec"]["handler"] == "support.handlers:record_effect"
-    assert [s["value"] for s in row["secrets"]] == [value]
+    assert [s["value"] for s in stored_secrets(configured_ring(), "shop", row["secrets"])] == [value]
+    assert value not in json.dumps(row["secrets"])  # encrypted at rest
 
     recv = receiver(database_url, log_dir)
     try:

@@ -12,7 +12,8 @@ import asyncpg
 import pytest
 
 from hookline.core import db, migrations, providers
-from hookline.core.providers import ProviderOwned
+from hookline.core.providers import ProviderOwned, stored_secrets
+from hookline.core.secrets_at_rest import configured_ring
 from hookline.core.signatures import get_scheme
 from hookline_operator.ownership import CLI_OWNER, LEGACY_OWNER, ClaimState, Resource
 from hookline_operator.reconcile import claim_and_sync, claim_row, describe_secret, release_row
@@ -47,7 +48,8 @@ async def test_the_first_claimant_owns_the_name_and_a_second_is_refused_without_
     assert "team-a" not in second.message("stripe") and "already taken" in second.message("stripe")
     stored = await row(pool)
     assert stored["spec"]["destination"]["url"] == "http://a.team-a.svc/"  # team B changed nothing
-    assert [s["value"] for s in stored["secrets"]] == ["whsec_a"]
+    assert [s["value"] for s in stored_secrets(configured_ring(), "stripe", stored["secrets"])] == ["whsec_a"]
+    assert "whsec_a" not in json.dumps(stored["secrets"])  # encrypted at rest
     assert (stored["managed_by"], stored["owner_namespace"], stored["owner_name"], stored["owner_uid"]) == \
         ("operator", "team-a", "stripe", "uid-a")
 

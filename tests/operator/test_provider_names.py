@@ -19,6 +19,8 @@ import asyncpg
 import pytest
 from apiserver import ApiServer
 
+from hookline.core.providers import stored_secrets
+from hookline.core.secrets_at_rest import configured_ring
 from support.cluster import apply, get, new_namespace
 from support.inbox import insert_events, wait_for
 from support.kube import eventually
@@ -160,8 +162,8 @@ async def test_replay_and_rotation_in_one_namespace_never_touch_the_other(apiser
                != owner_secret["data"]["secret"], what="the owner's secret rotated")
     new_value = base64.b64decode(get(apiserver, owner_ns, "secret", f"{NAME}-webhook-secret")["data"]["secret"])
     deadline = asyncio.get_running_loop().time() + 30
-    while new_value.decode() not in [s["value"] for s in await pool.fetchval(
-            "SELECT secrets FROM hookline.providers WHERE name = $1", NAME)]:
+    while new_value.decode() not in [s["value"] for s in stored_secrets(configured_ring(), NAME, await pool.fetchval(
+            "SELECT secrets FROM hookline.providers WHERE name = $1", NAME))]:
         assert asyncio.get_running_loop().time() < deadline, "the rotated secret never reached the provider row"
         await asyncio.sleep(0.25)
     # The other namespace has no Secret of the owner's, and its own is its own.

@@ -15,6 +15,8 @@ import asyncpg
 import pytest
 from apiserver import ApiServer
 
+from hookline.core.providers import stored_destination_secret, stored_secrets
+from hookline.core.secrets_at_rest import configured_ring
 from support.inbox import create_effect_tables, insert_events, wait_for
 from support.kube import eventually, kget
 from support.operator import condition, event_lines, start_operator
@@ -90,15 +92,25 @@ async def test_a_namespace_holds_no_credential_for_another_namespace(apiserver: 
         destination = eventually(lambda: secrets_in(apiserver, team_b).get(f"{pb}-destination-secret"),
                                  what="the destination Secret")["secret"]
         assert owner_uid(apiserver, team_b, f"{pb}-destination-secret") == whp_b["metadata"]["uid"]
-        assert destination == await pool.fetchval("SELECT destination_secret FROM hookline.providers WHERE name = $1",
-                                                  pb)
+        assert destination == stored_destination_secret(configured_ring(), pb, await pool.fetchval(
+            "SELECT destination_secret FROM hookline.providers WHERE name = $1", pb))
         assert destination not in json.dumps(kget(apiserver, team_b, "whp", pb))
         assert all(destination not in e for e in event_lines(apiserver, team_b))
         assert f"{pa}-destination-secret" not in secrets_in(apiserver, team_a)  # a handler signs nothing
+        # Its workers read it from that Secret, mounted; they never get the key to the stored secrets.
+        pod_b = eventually(lambda: kget(apiserver, team_b, "deployment", f"{pb}-worker"),
+                           what="the destination provider's workers")["spec"]["template"]["spec"]
+        env_b = {e["name"]: e.get("value") for e in pod_b["containers"][0]["env"]}
+        assert env_b["HOOKLINE_DESTINATION_SECRET_FILE"] == "/etc/hookline/destination/secret"
+        assert "HOOKLINE_SECRET_KEYS_FILE" not in env_b and "HOOKLINE_SECRET_KEYS_FILE" not in env
+        mounted = next(v["secret"] for v in pod_b["volumes"] if v["name"] == "destination-secret")
+        assert (mounted["secretName"], mounted["items"]) == (f"{pb}-destination-secret",
+                                                              [{"key": "secret", "path": "secret"}])
 
         await insert_events(pool, pa, 3)
         await insert_events(pool, pb, 4)
-        signing_b = await pool.fetchval("SELECT secrets->0->>'value' FROM hookline.providers WHERE name = $1", pb)
+        signing_b = stored_secrets(configured_ring(), pb, await pool.fetchval(
+            "SELECT secrets FROM hookline.providers WHERE name = $1", pb))[0]["value"]
 
         # Every database URL anyone can read in team-a's namespace reaches team-a's rows only.
         urls = [v for data in secrets_in(apiserver, team_a).values() for v in data.values()
@@ -109,12 +121,12 @@ async def test_a_namespace_holds_no_credential_for_another_namespace(apiserver: 
             try:
                 assert {r["provider"] for r in await conn.fetch("SELECT provider FROM hookline.inbox")} == {pa}
                 assert [r["name"] for r in await conn.fetch("SELECT name FROM hookline.providers")] == [pa]
-                # No signing secret at all, its own included (migration 0025); no other team's destination's.
-                with pytest.raises(asyncpg.InsufficientPrivilegeError):
-                    await conn.fetchval("SELECT count(*) FROM hookline.providers WHERE secrets::text LIKE '%' || $1 "
-                                        "|| '%'", signing_b)
-                assert await conn.fetchval("SELECT count(*) FROM hookline.providers WHERE destination_secret = $1",
-                                           destination) == 0
+                # No secret column is readable (migrations 0025, 0026), and what is readable holds none.
+                for column in ("secrets", "destination_secret"):
+                    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                        await conn.fetch(f"SELECT {column} FROM hookline.providers")
+                visible = str(await conn.fetch("SELECT name, spec, owner_namespace FROM hookline.providers"))
+                assert signing_b not in visible and destination not in visible
                 assert await conn.execute("UPDATE hookline.inbox SET status = 'dead' WHERE provider = $1", pb) \
                     == "UPDATE 0"
                 for statement in ("UPDATE hookline.providers SET spec = '{}'", "DELETE FROM hookline.inbox",

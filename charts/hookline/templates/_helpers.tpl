@@ -74,6 +74,40 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{/* The Secret holding the key file of secrets at rest (values secretsAtRest). */}}
+{{- define "hookline.secretKeysSecretName" -}}
+{{- .Values.secretsAtRest.existingSecret | default (include "hookline.componentName" (dict "ctx" . "component" "secret-keys")) }}
+{{- end }}
+
+{{/* Where the key file is mounted: the receiver, relay, operator and migrate Job, never a worker. */}}
+{{- define "hookline.secretKeysEnv" -}}
+- name: HOOKLINE_SECRET_KEYS_FILE
+  value: /etc/hookline/secret-keys/keys
+{{- end }}
+
+{{/* Keys from values roll the pods that read them, so `helm upgrade --wait` returns once every
+pod has the new key file: only then may `hookline secrets rotate-key` run. */}}
+{{- define "hookline.secretKeysChecksum" -}}
+checksum/secret-keys: {{ .Values.secretsAtRest.keys | toJson | sha256sum }}
+{{- end }}
+
+{{- define "hookline.secretKeysMount" -}}
+- name: secret-keys
+  mountPath: /etc/hookline/secret-keys
+  readOnly: true
+{{- end }}
+
+{{- define "hookline.secretKeysVolume" -}}
+- name: secret-keys
+  secret:
+    secretName: {{ include "hookline.secretKeysSecretName" . }}
+    # Readable by the pod's fsGroup (podSecurityContext), not by other users.
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.secretsAtRest.secretKey }}
+        path: keys
+{{- end }}
+
 {{/* Environment shared by every Hookline container. */}}
 {{- define "hookline.commonEnv" -}}
 - name: HOOKLINE_DATABASE_URL

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from hookline.core import db
+from hookline.core import secrets_at_rest as sealing
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.listener import Listener, Subscription
 from hookline.core.provider_spec import DEFAULT_MAX_BODY as DEFAULT_MAX_BODY
@@ -63,14 +67,35 @@ def active_secrets(stored: Iterable[Mapping[str, Any]], now: datetime | None = N
 
 async def upsert(conn: asyncpg.Connection, name: str, spec: Mapping[str, Any], secrets: list[dict[str, Any]]
                  ) -> str | None:
-    """Store a provider; returns the destination secret when this call created it (to show it once)."""
+    """Store a provider, its secrets sealed (encrypted at rest); returns the destination secret when
+    this call created it (to show it once)."""
     from hookline.core.signatures import get_scheme
 
+    ring = sealing.required_ring("storing a provider's signing secrets")
+    stored = _jsonb(await conn.fetchval(db.query("get_provider_secrets"), name))
+    # An unchanged secret keeps its ciphertext: re-applying the same file rewrites nothing secret.
+    sealed = sealing.seal_entries(ring, secrets, sealing.provider_secrets_context(name), stored or [])
     fresh = get_scheme("standard-webhooks").generate_secret()
-    row = await conn.fetchrow(db.query("upsert_provider"), name, spec, secrets, fresh)
+    row = await conn.fetchrow(db.query("upsert_provider"), name, spec, sealed,
+                              ring.seal(fresh, sealing.destination_secret_context(name)))
     if row is None:
         await _raise_if_owned(conn, name)
     return fresh if row is not None and row["secret_is_new"] else None
+
+
+def _jsonb(value: Any) -> Any:
+    # The pool's connections decode jsonb; a bare asyncpg connection returns text.
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def stored_secrets(ring: sealing.KeyRing | None, name: str, stored: Any) -> list[dict[str, Any]]:
+    """A provider's stored ``secrets`` column, opened: [{"value", "notAfter"}] in plaintext."""
+    return sealing.open_entries(ring, _jsonb(stored) or [], sealing.provider_secrets_context(name))
+
+
+def stored_destination_secret(ring: sealing.KeyRing | None, name: str, stored: str | None) -> str | None:
+    """A provider's stored ``destination_secret`` column, opened."""
+    return sealing.open_value(ring, stored, sealing.destination_secret_context(name)) if stored else None
 
 
 async def delete(conn: asyncpg.Connection, name: str) -> bool:
@@ -124,7 +149,7 @@ async def _kept_or_generated_secrets(conn: asyncpg.Connection, name: str, spec: 
     """The provider's stored secrets; else a new one for schemes that sign (returned to show once)."""
     existing = await conn.fetchval(db.query("get_provider_secrets"), name)
     if existing:
-        return list(existing), None
+        return stored_secrets(sealing.required_ring("reading a provider's signing secrets"), name, existing), None
     signature = spec.get("signature")
     scheme = signature.get("scheme") if isinstance(signature, dict) else None
     if scheme in (None, "none"):
@@ -149,19 +174,66 @@ async def _raise_if_owned(conn: asyncpg.Connection, name: str) -> None:
         raise ProviderOwned(name, owner["owner_namespace"], owner["owner_name"])
 
 
-async def load_all(conn: asyncpg.Connection | asyncpg.Pool, *, signing_secrets: bool = True
-                   ) -> dict[str, Provider]:
-    """Every stored provider, parsed; a row that no longer parses is logged and skipped.
-    Without ``signing_secrets`` (workers, which never verify a signature) the secrets are not
-    read: a tenant's worker role may not read them (migration 0025)."""
+async def load_all(conn: asyncpg.Connection | asyncpg.Pool, *, signing_secrets: bool = True,
+                   destination_secret_file: Path | None = None) -> dict[str, Provider]:
+    """Every stored provider, parsed, its secrets opened (core/secrets_at_rest.py); a row that no
+    longer parses or whose secrets do not open is logged (without them) and skipped. A bad key file
+    is a SecretKeyError.
+
+    Without ``signing_secrets`` (workers, which never verify a signature) the signing secrets are
+    not read: a tenant's worker role may not read them (migration 0025). With
+    ``destination_secret_file`` (a tenant's worker: it has no key) no secret column is read at all:
+    the destination secret is that file's (migration 0026)."""
+    if destination_secret_file is not None:
+        return await _load_for_tenant_worker(conn, destination_secret_file)
+    ring = sealing.configured_ring()
     providers = {}
     query = "list_providers" if signing_secrets else "list_provider_specs"
-    for row in await conn.fetch(db.query(query)):
+    try:
+        rows = await conn.fetch(db.query(query))
+    except asyncpg.InsufficientPrivilegeError:
+        if signing_secrets:
+            raise
+        return await _load_for_tenant_worker(conn, None)  # a tenant's role, run without the file
+    for row in rows:
+        name = row["name"]
         try:
-            secrets = active_secrets(row["secrets"]) if signing_secrets else None
-            providers[row["name"]] = parse_provider(row["name"], row["spec"], secrets, row["destination_secret"])
+            secrets = active_secrets(stored_secrets(ring, name, row["secrets"])) if signing_secrets else None
+            provider = parse_provider(name, row["spec"], secrets)
+            if provider.destination is not None:  # only a destination's calls are signed with it
+                provider = dataclasses.replace(provider, destination_secret=stored_destination_secret(
+                    ring, name, row["destination_secret"]))
+            providers[name] = provider
         except SpecError as exc:
-            log.error("stored provider is invalid; ignoring it", extra={"provider": row["name"], "error": str(exc)})
+            log.error("stored provider is invalid; ignoring it", extra={"provider": name, "error": str(exc)})
+        except (sealing.SecretKeyError, sealing.SealedValueError) as exc:
+            log.error("stored provider's secrets do not open; ignoring it", extra={"provider": name, "error": str(exc)})
+    return providers
+
+
+async def _load_for_tenant_worker(conn: asyncpg.Connection | asyncpg.Pool, destination_secret_file: Path | None
+                                  ) -> dict[str, Provider]:
+    destination_secret: str | None = None
+    problem: str | None = "HOOKLINE_DESTINATION_SECRET_FILE is not set"
+    if destination_secret_file is not None:
+        try:  # re-read at every load: the mounted Secret is updated in place when the secret rotates
+            destination_secret = destination_secret_file.read_text().strip() or None
+            problem = None if destination_secret else f"{destination_secret_file} is empty"
+        except OSError as exc:
+            problem = f"{destination_secret_file} cannot be read: {exc.strerror}"
+    providers = {}
+    for row in await conn.fetch(db.query("list_provider_specs_without_secrets")):
+        name = row["name"]
+        try:
+            provider = parse_provider(name, row["spec"], None, destination_secret)
+        except SpecError as exc:
+            log.error("stored provider is invalid; ignoring it", extra={"provider": name, "error": str(exc)})
+            continue
+        if provider.destination is not None and problem:
+            # Fail closed: no destination call leaves unsigned; the events wait for the secret.
+            log.error("no destination secret (%s); not working for this provider", problem, extra={"provider": name})
+            continue
+        providers[name] = provider
     return providers
 
 
@@ -177,8 +249,10 @@ class ProviderRegistry:
     trigger's own carries the provider name only (migration 0001)."""
 
     def __init__(self, pool: asyncpg.Pool, refresh: float = 30.0, listener: Listener | None = None, *,
-                 signing_secrets: bool = True, debounce: float = 0.25) -> None:
+                 signing_secrets: bool = True, debounce: float = 0.25,
+                 destination_secret_file: Path | None = None) -> None:
         self._pool = pool
+        self._destination_secret_file = destination_secret_file
         self._refresh = refresh
         self._signing_secrets = signing_secrets
         self._debounce = debounce
@@ -202,7 +276,8 @@ class ProviderRegistry:
 
     async def reload(self) -> None:
         fingerprint = await self._pool.fetchval(db.query("providers_fingerprint"))
-        self._providers = await load_all(self._pool, signing_secrets=self._signing_secrets)
+        self._providers = await load_all(self._pool, signing_secrets=self._signing_secrets,
+                                         destination_secret_file=self._destination_secret_file)
         self._fingerprint = fingerprint
         self.reloads += 1
         self.loaded.set()

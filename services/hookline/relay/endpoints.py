@@ -1,14 +1,16 @@
 """Outbox endpoints: where the relay delivers, and with which secret.
 
-Secrets are stored like provider secrets (``[{"value", "notAfter"}]``; every
-secret still valid signs, so a rotation sends both signatures) and only ever
-leave the database to sign: ``repr``, listings and errors show a fingerprint.
+Secrets are stored like provider secrets (``[{"value", "notAfter"}]``, each value
+sealed: core/secrets_at_rest.py; every secret still valid signs, so a rotation
+sends both signatures) and are only ever opened to sign: ``repr``, listings and
+errors show a fingerprint.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,10 +20,13 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from hookline import outbox
+from hookline.core import secrets_at_rest as sealing
 from hookline.core.providers import active_secrets
 from hookline.core.queue import RetryPolicy
 from hookline.core.signatures import get_scheme, sign_standard_webhooks
 from hookline.relay.breaker import Circuit
+
+log = logging.getLogger(__name__)
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 EVENT_TYPE = re.compile(r"^(\*|[A-Za-z0-9_.:/-]+(\.\*)?)$")
@@ -51,7 +56,7 @@ class Endpoint:
     def from_row(cls, row: asyncpg.Record) -> Endpoint:
         return cls(
             name=row["name"], url=row["url"], event_types=tuple(row["event_types"]), ordered=row["ordered"],
-            secrets=tuple(active_secrets(_json(row["secrets"]))),
+            secrets=opened_secrets(row["name"], row["secrets"]),
             retry=RetryPolicy(row["max_attempts"], row["initial_delay_seconds"], row["max_delay_seconds"]),
             timeout=row["timeout_seconds"], enabled=row["enabled"], circuit=Circuit.from_row(row),
             done_hours=row["retention_done_hours"], dead_days=row["retention_dead_days"],
@@ -61,6 +66,13 @@ class Endpoint:
 def _json(value: object) -> list[dict[str, object]]:
     # The pool's connections decode jsonb; a bare asyncpg connection returns text.
     return json.loads(value) if isinstance(value, str) else value  # type: ignore[return-value]
+
+
+def opened_secrets(name: str, stored: object) -> tuple[str, ...]:
+    """The endpoint's stored ``secrets`` column (jsonb, or its text), opened: the ones still valid."""
+    entries = json.loads(stored) if isinstance(stored, str) else _json(stored)
+    return tuple(active_secrets(sealing.open_entries(sealing.configured_ring(), entries,
+                                                     sealing.endpoint_secrets_context(name))))
 
 
 def fingerprint(secret: str) -> str:
@@ -105,11 +117,13 @@ async def add(conn: asyncpg.Connection, name: str, url: str, *, event_types: Seq
     """Create an endpoint; return its secret (generated unless given)."""
     validate(name, url, event_types, secret)
     validate_retention(done_hours, dead_days)
+    ring = sealing.required_ring("storing an endpoint's signing secret")
     secret = secret or get_scheme("standard-webhooks").generate_secret()
 
     stored = await conn.fetchval(
         outbox.query("insert_endpoint"), name, url, list(event_types) or ["*"], ordered,
-        json.dumps([{"value": secret, "notAfter": None}]), max_attempts, initial_delay, max_delay, timeout_seconds,
+        json.dumps([{"value": ring.seal(secret, sealing.endpoint_secrets_context(name)), "notAfter": None}]),
+        max_attempts, initial_delay, max_delay, timeout_seconds,
         done_hours, dead_days,
     )
     if stored is None:
@@ -118,7 +132,15 @@ async def add(conn: asyncpg.Connection, name: str, url: str, *, event_types: Seq
 
 
 async def load(conn: asyncpg.Connection | asyncpg.Pool) -> list[Endpoint]:
-    return [Endpoint.from_row(r) for r in await conn.fetch(outbox.query("list_endpoints"))]
+    """Every endpoint; one whose secrets do not open (its key is not in the key file) is logged, without
+    them, and left out: its deliveries wait rather than fail. A bad key file is a SecretKeyError."""
+    loaded = []
+    for row in await conn.fetch(outbox.query("list_endpoints")):
+        try:
+            loaded.append(Endpoint.from_row(row))
+        except sealing.SealedValueError as exc:
+            log.error("endpoint's secrets do not open; ignoring it", extra={"endpoint": row["name"], "error": str(exc)})
+    return loaded
 
 
 async def set_retention(conn: asyncpg.Connection, name: str, done_hours: float | None,
@@ -144,7 +166,9 @@ async def rotate_secret(conn: asyncpg.Connection, name: str, overlap: timedelta,
     signing for ``overlap``, so each delivery carries both signatures meanwhile."""
     if secret is not None:
         validate(name, "https://placeholder.invalid/", (), secret)
+    ring = sealing.required_ring("storing an endpoint's signing secret")
     secret = secret or get_scheme("standard-webhooks").generate_secret()
     until = datetime.now(UTC) + overlap
-    found = await conn.fetchval(outbox.query("rotate_endpoint_secret"), name, secret, until)
+    found = await conn.fetchval(outbox.query("rotate_endpoint_secret"), name,
+                                ring.seal(secret, sealing.endpoint_secrets_context(name)), until)
     return secret if found else None

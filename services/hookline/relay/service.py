@@ -42,13 +42,13 @@ from hookline.core.gc_tuning import tune_gc_for_serving
 from hookline.core.http_client import WebhookClient
 from hookline.core.listener import Listener
 from hookline.core.maintenance import Job, Maintainer, lease_rescuer, partitions_maintainer
-from hookline.core.providers import active_secrets
 from hookline.core.queue import OUTBOX, SweepResult, make_worker_id, truncate_error
+from hookline.core.secrets_at_rest import SealedValueError, SecretKeyError
 from hookline.core.signatures import sign_standard_webhooks
 from hookline.relay import breaker
 from hookline.relay import endpoints as endpoints_mod
 from hookline.relay.breaker import BreakerSettings, CircuitState, CircuitUpdate
-from hookline.relay.endpoints import Endpoint
+from hookline.relay.endpoints import Endpoint, opened_secrets
 
 log = logging.getLogger(__name__)
 
@@ -375,7 +375,12 @@ class Relay(LeasedConsumer):
 
     def _start_claimed(self, endpoint: Endpoint, rows: Sequence[Mapping[str, Any]], *, probe: bool = False) -> None:
         """Start claimed deliveries: ``rows`` as ``claimed_with_events`` returns them, of one endpoint."""
-        secrets = tuple(active_secrets(json.loads(rows[0]["secrets"])))
+        try:
+            secrets = opened_secrets(endpoint.name, rows[0]["secrets"])
+        except (SealedValueError, SecretKeyError) as exc:
+            # Not signed: these attempts fail ("no valid secret") and retry; the reason, not the value.
+            log.error("endpoint's secrets do not open", extra={"endpoint": endpoint.name, "error": str(exc)})
+            secrets = ()
         if secrets != endpoint.secrets:  # rotated since the cache was loaded
             endpoint = dataclasses.replace(endpoint, secrets=secrets)
             self._endpoints[endpoint.name] = endpoint

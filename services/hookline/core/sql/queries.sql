@@ -30,6 +30,11 @@ FROM hookline.providers ORDER BY name;
 SELECT name, spec, destination_secret, updated_at, managed_by, owner_namespace, owner_name
 FROM hookline.providers ORDER BY name;
 
+-- name: list_provider_specs_without_secrets
+-- A tenant's workers (operator-made, their destination secret mounted as a file: no key for
+-- secrets at rest): no secret column, which their role may not read (migrations 0025, 0026).
+SELECT name, spec FROM hookline.providers ORDER BY name;
+
 -- name: providers_fingerprint
 -- Changes whenever a provider row is written or removed (every write sets updated_at): the
 -- registry re-reads the providers on NOTIFY only when this differs from its last read.
@@ -39,12 +44,17 @@ FROM hookline.providers;
 -- name: get_provider_secrets
 SELECT secrets FROM hookline.providers WHERE name = $1;
 
+-- name: get_provider_claim_secrets
+-- What the operator's claim needs to know before it writes (reconcile.claim_row): the sealed
+-- secrets as stored (kept where unchanged), and whether they prove a row from before ownership ours.
+SELECT secrets, managed_by FROM hookline.providers WHERE name = $1;
+
 -- name: claim_provider
 -- The operator's claim and sync in one statement: the first resource to claim a
 -- name owns it. The row is written only when it is free, already ours ($7 is the
 -- resource's uid), held by an owner the caller proved deleted ($9), or written
--- before ownership was recorded and proven ours by its secret ($8, the current
--- signing secret) or, without a secret (scheme none), by its spec (migration 0005).
+-- before ownership was recorded and proven ours by its secret ($8, $10: see below) or,
+-- without a secret (scheme none), by its spec (migration 0005).
 -- An unchanged row is not rewritten: no new row version, no notification.
 -- The result is one row saying who owns the name: written = true when this call
 -- wrote it; otherwise the row as it was (ours and unchanged, or someone else's).
@@ -67,8 +77,11 @@ WITH claimed AS (
         WHERE (p.owner_uid = EXCLUDED.owner_uid
                OR p.owner_uid = $9::text
                OR (p.managed_by IS NULL
-                   AND CASE WHEN $8::text IS NULL THEN p.spec = EXCLUDED.spec
-                            ELSE p.secrets @> jsonb_build_array(jsonb_build_object('value', $8::text)) END))
+                   -- Secrets are sealed, each with a random data key (core/secrets_at_rest.py): the
+                   -- operator opened the stored ones and found its current secret there ($8: it
+                   -- has one), and $10 is the column as it read it (NULL: not found). $3 keeps the
+                   -- stored ciphertext of every unchanged secret, so an unchanged row compares equal.
+                   AND CASE WHEN $8::boolean THEN p.secrets = $10::jsonb ELSE p.spec = EXCLUDED.spec END))
           AND (p.spec, p.secrets, p.managed_by, p.owner_namespace, p.owner_name, p.owner_uid,
                p.destination_secret IS NULL)
               IS DISTINCT FROM (EXCLUDED.spec, EXCLUDED.secrets, 'operator', EXCLUDED.owner_namespace,

@@ -563,8 +563,8 @@ CREATE FUNCTION hookline.grant_tenant_privileges(tenant_role text) RETURNS void
 BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA hookline TO %I', tenant_role);
     EXECUTE format('REVOKE ALL ON hookline.providers, hookline.inbox, hookline.entity_states FROM %I', tenant_role);
-    EXECUTE format('GRANT SELECT (name, spec, updated_at, destination_secret, managed_by, owner_namespace, '
-                   'owner_name, owner_uid) ON hookline.providers TO %I', tenant_role);
+    EXECUTE format('GRANT SELECT (name, spec, updated_at, managed_by, owner_namespace, owner_name, owner_uid) '
+                   'ON hookline.providers TO %I', tenant_role);
     EXECUTE format('GRANT SELECT ON hookline.inbox TO %I', tenant_role);
     EXECUTE format('GRANT UPDATE (status, attempts, next_attempt_at, lease_expires_at, locked_by, last_error, '
                    'processed_at, deferred_since, suspect, claimed_at) ON hookline.inbox TO %I', tenant_role);
