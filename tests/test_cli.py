@@ -4,6 +4,8 @@ command line is a usage error (exit code 2) that says what is wrong, before anyt
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import re
 import subprocess
 import sys
@@ -12,6 +14,8 @@ import pytest
 
 from hookline import __version__
 from hookline.cli import build_parser, main
+from support.postgres import PgServer
+from support.processes import hookline_cli
 
 # Each command (with its action) and the flags and environment variables its --help must name.
 HELP: dict[tuple[str, ...], list[str]] = {
@@ -175,3 +179,28 @@ def test_the_installed_program_refuses_bad_arguments_the_same_way() -> None:
     assert result.returncode == 2, result.stderr
     assert "usage: hookline operator" in result.stderr and "--all-namespaces" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("argv", [["status"], ["providers", "list"], ["dlq", "list"], ["events", "list"]])
+async def test_an_unmigrated_database_is_one_line_saying_what_to_run(pg_server: PgServer, argv: list[str]) -> None:
+    name = await pg_server.create_database(template=None)
+    try:
+        result = await asyncio.to_thread(hookline_cli, pg_server.url_for(name), *argv)
+    finally:
+        await pg_server.drop_database(name)
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "run `hookline migrate`" in result.stderr
+
+
+def test_a_reader_that_goes_away_is_no_error(database_url: str) -> None:
+    """`hookline ... | head`: the pipe closes under the command, which stops quietly (exit 141, as
+    a shell reports a SIGPIPE), not with a BrokenPipeError traceback."""
+    env = {**os.environ, "HOOKLINE_DATABASE_URL": database_url}
+    proc = subprocess.Popen([sys.executable, "-m", "hookline", "providers", "list"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # gone before the command has connected, let alone printed
+    stderr = proc.stderr.read()
+    assert proc.wait(60) == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

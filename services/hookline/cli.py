@@ -491,6 +491,23 @@ def _run(coro_fn: Callable[..., Coroutine[Any, Any, int | None]], *args: Any) ->
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `hookline ... | head`: the reader has gone; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except Exception as exc:
+        if not _schema_missing(exc):
+            raise
+        print(f"hookline: the database has no Hookline schema, or an older one ({exc}): run `hookline migrate`",
+              file=sys.stderr)
+        return 2
+
+
+def _schema_missing(exc: Exception) -> bool:
+    """A table, column or function of Hookline's schema is not there: the database is not migrated."""
+    import asyncpg
+
+    missing = (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError, asyncpg.InvalidSchemaNameError)
+    return isinstance(exc, missing) and "hookline" in str(exc)
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, int | None]], int | None]:
