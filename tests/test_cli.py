@@ -7,8 +7,10 @@ import argparse
 import asyncio
 import os
 import re
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -204,3 +206,15 @@ def test_a_reader_that_goes_away_is_no_error(database_url: str) -> None:
     stderr = proc.stderr.read()
     assert proc.wait(60) == 141, stderr
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
+def test_dev_on_a_busy_port_says_so_before_starting_anything(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "hookline", "dev", "--port", str(port), "--data-dir",
+                               str(tmp_path / "dev")], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert not (tmp_path / "dev").exists()  # no Postgres was started for it

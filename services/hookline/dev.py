@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shlex
+import socket
 import sys
 import time
 import uuid
@@ -148,7 +149,22 @@ def use_keys_file(data_dir: Path) -> Path:
     return path
 
 
+def _port_taken(host: str, port: int) -> str | None:
+    """Why the receiver could not listen on host:port, before anything else is started for it."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 async def run_dev(args: argparse.Namespace) -> int:
+    if (problem := _port_taken(args.host, args.port)) is not None:
+        print(f"hookline dev: cannot listen on {args.host}:{args.port} ({problem}; another hookline dev?): "
+              "choose another port with --port", file=sys.stderr)
+        return 1
     data_dir: Path = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     keys_file = use_keys_file(data_dir)
