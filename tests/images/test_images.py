@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 import uuid
@@ -26,6 +27,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from hookline.core import secrets_at_rest
 from hookline.core.embedded import free_port
 from support import senders
 from support.kube import ApiServer, eventually, kget, require_assets
@@ -103,6 +105,22 @@ def chart_env() -> list[str]:
     return [f"--env={e['name']}={e['value']}" for e in env if "value" in e]
 
 
+@functools.cache
+def keys_volume() -> list[str]:
+    """The session's key file (tests/conftest.py) where the chart's environment says the key file is,
+    as the chart mounts its key Secret there: readable by the image's user (10001), as a Secret volume is."""
+    env = {e["name"]: e.get("value") for e in _receiver_container()["container"].get("env", [])}
+    path = env.get(secrets_at_rest.KEYS_FILE_ENV)
+    if not path:
+        return []
+    folder = Path(tempfile.mkdtemp(prefix="hookline-image-keys-"))
+    folder.chmod(0o755)
+    copy = folder / "keys"
+    shutil.copyfile(os.environ[secrets_at_rest.KEYS_FILE_ENV], copy)
+    copy.chmod(0o444)
+    return [f"{copy}:{path}:ro"]
+
+
 def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, env=PODMAN_ENV,
                           check=False)
@@ -125,7 +143,7 @@ class Container:
         self.name = f"hookline-test-{uuid.uuid4().hex[:12]}"
         started = podman("run", "--detach", "--name", self.name, *chart_security_flags(), *chart_env(),
                          "--network", "host", *(f"--env={k}={v}" for k, v in env.items()),
-                         *(f"--volume={v}" for v in volumes or []), image, *args)
+                         *(f"--volume={v}" for v in [*keys_volume(), *(volumes or [])]), image, *args)
         if started.returncode != 0:
             self.remove()  # a container can exist although it failed to start
             raise AssertionError(started.stderr)
