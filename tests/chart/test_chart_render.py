@@ -188,13 +188,15 @@ def test_relay_private_networks_flag() -> None:
 
 def test_retention_defaults_reach_the_partition_managers() -> None:
     # The relays and `worker --sweep` run the partition manager; the chart gives them its defaults.
-    retention = {"doneHours": 12, "endpoints": {"doneHours": 6, "deadDays": 30}}
+    retention = {"doneHours": 12, "maxDoneHours": 48, "endpoints": {"doneHours": 6, "deadDays": 30}}
     rendered = render(deep_merge(MINIMAL, {"retention": retention}))
     env = {e["name"]: e.get("value") for e in
            rendered.one("Deployment", fullname("relay"))["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["HOOKLINE_RETENTION_DONE_HOURS"] == "12" and env["HOOKLINE_RETENTION_DEAD_DAYS"] == "14"
     assert env["HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS"] == "6"
     assert env["HOOKLINE_ENDPOINT_RETENTION_DEAD_DAYS"] == "30"
+    # The install's bound on every provider's spec.retention (migration 0025).
+    assert env["HOOKLINE_RETENTION_MAX_DONE_HOURS"] == "48" and env["HOOKLINE_RETENTION_MAX_DEAD_DAYS"] == "90"
 
 
 # -- operator ----------------------------------------------------------------------------------
