@@ -1,9 +1,8 @@
-"""The receiver's connections (receiver/connection.py), as a real process on a real Postgres.
+"""The receiver's connections (aiohttp's server, core/http.py), as a real process on a real Postgres.
 
-A webhook request that arrives whole on an idle keep-alive connection is answered on a short lane
-beside aiohttp's machinery. These tests hold that lane to what aiohttp guarantees: answers in
-request order, the idle deadline counted from the last answer, and a graceful shutdown that answers
-a request before closing its connection. To keep an answer pending, a test holds a lock that the
+These tests hold the receiver to what a client relies on: answers in request order while one is
+pending, the idle deadline counted from the last answer, and a graceful shutdown that answers a
+request before closing its connection. To keep an answer pending, a test holds a lock that the
 receiver's INSERT waits for, and watches Postgres until the INSERT is waiting.
 """
 
@@ -100,11 +99,11 @@ async def test_requests_sent_while_an_answer_is_pending_are_answered_in_order(
     proc = receiver(database_url, log_dir)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", proc.port)
-        if not first_on_connection:  # one request answered first: aiohttp's task waits for the next
+        if not first_on_connection:  # one request answered first: the connection waits for the next
             writer.write(HEALTHZ)
             assert (await read_answer(reader))[0] == 200
         async with inbox_locked(database_url):
-            writer.write(webhook(ids[0]))  # alone on a new or idle connection: the short lane
+            writer.write(webhook(ids[0]))  # alone on a new or idle connection
             await wait_for_blocked_insert(conn)
             # Pipelined behind it: an ops route (answerable at once), a webhook, and one that ends the connection.
             writer.write(HEALTHZ + webhook(ids[1]) + webhook(ids[2], close=True))

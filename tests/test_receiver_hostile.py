@@ -541,7 +541,7 @@ async def test_body_hash_is_sha256_of_the_decoded_body() -> None:
     from multidict import CIMultiDict
 
     from hookline.core.providers import parse_provider
-    from hookline.receiver.app import build_row
+    from hookline.receiver.intake import build_row
 
     provider = parse_provider("gh", {"signature": {"scheme": "github"}, "handler": "m:f",
                                      "replayProtection": {"bodyHashWindowSeconds": 60}}, ["s"])
@@ -568,7 +568,7 @@ async def test_replay_protection_spec_errors_name_the_field(replay: object) -> N
 ])
 async def test_a_batch_lost_with_its_connection_is_answered_503_retry_later(failure: BaseException) -> None:
     from hookline.core.providers import parse_provider
-    from hookline.receiver.app import Intake
+    from hookline.receiver.intake import Intake
 
     provider = parse_provider("gh", {"signature": {"scheme": "github"}, "handler": "m:f"}, ["s"])
     response = Intake._stored_answer(provider, failure)

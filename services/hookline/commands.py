@@ -106,7 +106,7 @@ async def providers_cmd(args: argparse.Namespace) -> int:
 def receiver_limits(args: argparse.Namespace) -> ReceiverLimits:
     from hookline.core.http import ConnectionLimits
     from hookline.receiver.app import ReceiverLimits
-    from hookline.receiver.intake import BodyLimits
+    from hookline.receiver.body import BodyLimits
 
     return ReceiverLimits(
         connections=ConnectionLimits(header_timeout=args.header_timeout, keepalive_timeout=args.keepalive_timeout),

@@ -20,6 +20,7 @@ from hookline.core import metrics as hookline_metrics
 
 log = logging.getLogger(__name__)
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 POOL_KEY: web.AppKey[asyncpg.Pool] = web.AppKey("pool", asyncpg.Pool)
 # An answer's outcome for metrics: the error code, or the receiver's accepted/duplicate.
 OUTCOME: web.ResponseKey[str] = web.ResponseKey("outcome", str)
@@ -72,116 +73,159 @@ class ConnectionLimits:
     keepalive_timeout: float = 75.0
 
 
-class GuardedHandler(web.RequestHandler):
-    """aiohttp's connection handler plus a deadline for request headers, and one quiet line
-    (no traceback) for requests that are not valid HTTP: on the internet they are routine.
+class HeaderDeadline(asyncio.Protocol):
+    """One client connection: aiohttp's protocol for it, plus a deadline for request headers.
 
-    aiohttp bounds only idleness (keepalive_timeout, and before 3.14 not even for a connection
-    that never sends a byte); a client trickling header bytes would hold the connection as long
-    as it likes. The deadline starts with the first byte of a request and ends when its headers
-    are parsed; the body has its own (the handler's) deadline.
+    aiohttp bounds only idleness (``keepalive_timeout``, counted from the connection's start or its
+    last answer); a client trickling header bytes would hold the connection that long. This deadline
+    starts with the first byte of a request and ends when its headers are parsed, which is when
+    aiohttp calls the application (:meth:`request_began`); the body has its own (the handler's).
+    Everything the event loop tells the connection is passed on to aiohttp's protocol unchanged.
     """
 
-    header_timeout: float = 10.0
-    _header_timer: asyncio.TimerHandle | None = None
-    _fresh = True  # no byte received yet on this connection
+    def __init__(self, protocol: asyncio.Protocol, connections: Connections) -> None:
+        self.protocol = protocol
+        self.transport: asyncio.BaseTransport | None = None
+        self._connections = connections
+        self._timer: asyncio.TimerHandle | None = None
+        self._requests = 0  # requests of this connection the application is handling
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self._arm(self.keepalive_timeout)  # a connection that never sends a request
+        self.transport = transport
+        self._connections.by_transport[transport] = self
+        self.protocol.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        parsed_before = self._request_count
-        super().data_received(data)
-        if self._request_count != parsed_before:
-            self._stop_header_timer()
-        elif (self._fresh or self._header_timer is None) and not self.answering():
-            self._arm(self.header_timeout)
-        self._fresh = False
+        self.protocol.data_received(data)
+        if self._timer is None and not self._requests and self.transport is not None:
+            self._timer = asyncio.get_running_loop().call_later(self._connections.header_timeout,
+                                                                self._headers_late)
 
-    def resume_reading(self, *args: Any, **kwargs: Any) -> None:
-        # aiohttp's body reader calls this after every read, paused or not, and each call feeds the
-        # parser an empty buffer (data_received(b"")): per request, on the receiver's hot path.
-        # Only a paused reader has anything to resume.
-        if self._reading_paused:
-            super().resume_reading(*args, **kwargs)
+    def eof_received(self) -> bool | None:
+        return self.protocol.eof_received()
 
-    def answering(self) -> bool:
-        """A request of this connection is being handled (its headers' deadline is over)."""
-        return self._request_in_progress
+    def pause_writing(self) -> None:
+        self.protocol.pause_writing()
 
-    def _arm(self, timeout: float) -> None:
-        self._stop_header_timer()
+    def resume_writing(self) -> None:
+        self.protocol.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
         if self.transport is not None:
-            self._header_timer = asyncio.get_running_loop().call_later(timeout, self._headers_late)
+            self._connections.by_transport.pop(self.transport, None)
+            self.transport = None
+        self.protocol.connection_lost(exc)
 
-    def _stop_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+    def request_began(self) -> None:
+        self._requests += 1
+        self._stop_timer()
+
+    def request_ended(self) -> None:
+        self._requests -= 1
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _headers_late(self) -> None:
-        self._header_timer = None
-        if not self.answering() and not self._messages and self.transport is not None:
+        self._timer = None
+        if not self._requests and self.transport is not None:
             log.info("closing a connection that sent no complete request headers in time")
             hookline_metrics.http_connections_timed_out.inc()
-            self.force_close()
+            self.transport.close()
 
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._stop_header_timer()
-        super().connection_lost(exc)
 
-    def log_exception(self, *args: Any, **kw: Any) -> None:
-        exc = kw.get("exc_info")
+class Connections:
+    """A server's client connections, each a :class:`HeaderDeadline` around aiohttp's protocol;
+    :meth:`track_requests`, a middleware, tells each when a request's headers are in."""
+
+    def __init__(self, header_timeout: float) -> None:
+        self.header_timeout = header_timeout
+        self.server: web.Server | None = None  # the runner's, once it is set up
+        self.closing = False  # the server is shutting down
+        self.by_transport: dict[asyncio.BaseTransport, HeaderDeadline] = {}
+
+    def __call__(self) -> HeaderDeadline:
+        """The listener's protocol factory: ``web.Server`` is aiohttp's (docs: web_lowlevel)."""
+        assert self.server is not None
+        return HeaderDeadline(self.server(), self)
+
+    @web.middleware
+    async def track_requests(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        transport = request.transport
+        connection = self.by_transport.get(transport) if transport is not None else None
+        if connection is not None:
+            connection.request_began()
+        try:
+            response = await handler(request)
+        finally:
+            if connection is not None:
+                connection.request_ended()
+        if self.closing:  # aiohttp ends the connection after this answer: the answer says so
+            response.force_close()
+        return response
+
+
+class GuardedSite(web.BaseSite):
+    """aiohttp's TCP site, its connections made by :class:`Connections`."""
+
+    def __init__(self, runner: web.AppRunner, connections: Connections, host: str, port: int, *,
+                 reuse_port: bool, backlog: int) -> None:
+        super().__init__(runner)
+        self.connections = connections
+        self._host, self._port, self._reuse_port, self._listen_backlog = host, port, reuse_port, backlog
+        self._listener: asyncio.Server | None = None
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        self._listener = await asyncio.get_running_loop().create_server(
+            self.connections, self._host, self._port, reuse_address=True, reuse_port=self._reuse_port,
+            backlog=self._listen_backlog)
+
+    async def stop(self) -> None:
+        self.connections.closing = True
+        if self._listener is not None:
+            self._listener.close()  # no new connections; the runner then closes the open ones
+        await super().stop()
+
+
+class MalformedRequestsQuietly(logging.Filter):
+    """aiohttp logs a request that is not valid HTTP with its traceback; on the internet that is
+    routine, so it becomes one info line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError):
-            log.info("malformed request: %s", exc.message or type(exc).__name__)
-        else:
-            super().log_exception(*args, **kw)
+            record.msg, record.args = "malformed request: %s", (exc.message or type(exc).__name__,)
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info = record.exc_text = None
+        return True
 
 
-ConnectionFactory = Callable[..., GuardedHandler]  # (server, *, loop, **aiohttp handler options)
-
-
-class _GuardedServer(web.Server):
-    header_timeout: float = 10.0
-    connection_factory: ConnectionFactory = GuardedHandler
-
-    def __call__(self) -> web.RequestHandler:
-        handler = self.connection_factory(self, loop=self._loop, **self._kwargs)
-        handler.header_timeout = self.header_timeout
-        return handler
-
-
-class _GuardedRunner(web.AppRunner):
-    def __init__(self, app: web.Application, limits: ConnectionLimits, connection_factory: ConnectionFactory,
-                 **kwargs: Any) -> None:
-        super().__init__(app, keepalive_timeout=limits.keepalive_timeout, **kwargs)
-        self._header_timeout = limits.header_timeout
-        self._connection_factory = connection_factory
-
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        # aiohttp offers no factory hook for the connection handler: the server the app built
-        # (with all its settings) becomes the subclass that creates guarded handlers.
-        server.__class__ = _GuardedServer
-        assert isinstance(server, _GuardedServer)
-        server.header_timeout = self._header_timeout
-        server.connection_factory = self._connection_factory
-        return server
+logging.getLogger("aiohttp.server").addFilter(MalformedRequestsQuietly())
 
 
 async def serve(app: web.Application, host: str, port: int, limits: ConnectionLimits | None = None,
-                connection_factory: ConnectionFactory = GuardedHandler, **handler_options: Any) -> web.AppRunner:
-    """Serve ``app``; each connection is handled by what ``connection_factory`` makes (a
-    :class:`GuardedHandler`); ``handler_options`` go to it (e.g. auto_decompress)."""
-    runner = _GuardedRunner(app, limits or ConnectionLimits(), connection_factory, access_log=None,
-                            handle_signals=False, **handler_options)
+                **handler_options: Any) -> web.AppRunner:
+    """Serve ``app`` on aiohttp's public server: a header deadline per connection (:class:`HeaderDeadline`)
+    and the idle one (aiohttp's ``keepalive_timeout``); ``handler_options`` are aiohttp's (e.g. auto_decompress)."""
+    limits = limits or ConnectionLimits()
+    runner = web.AppRunner(app, keepalive_timeout=limits.keepalive_timeout, access_log=None,
+                           handle_signals=False, **handler_options)
+    connections = Connections(limits.header_timeout)
+    app.middlewares.append(connections.track_requests)
     await runner.setup()
+    connections.server = runner.server
     # With several processes on one port (hookline receiver --processes N) the kernel spreads
     # connections over them (SO_REUSEPORT); a lone process keeps the port to itself.
     reuse_port = os.environ.get("HOOKLINE_REUSE_PORT") == "1"
-    site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port, backlog=1024)
-    await site.start()
+    await GuardedSite(runner, connections, host, port, reuse_port=reuse_port, backlog=1024).start()
     return runner
 
 

@@ -1,216 +1,210 @@
-"""Reading a request body from a stranger: bounded in size, time and process memory.
+"""POST /webhooks/{provider}: the receiver's one request path.
 
-Every way a body can go wrong ends in an answer, never in a 500 or a traceback:
-
-* larger than the provider's ``maxBodyBytes`` (as sent, and again once decoded) -> 413;
-* not complete within the body deadline (a client that stalls or trickles) -> 408;
-* broken framing (bad chunked encoding, a Content-Length the body does not match when the
-  client closes early) or a ``Content-Encoding`` we cannot decode -> 400 ``invalid_body``;
-* the process already buffers its share of bodies or bytes -> 503 + Retry-After at once;
-* the client went away mid-body -> one info line; there is nobody left to answer.
-
-Content-Encoding: every scheme's sender signs the payload itself, before any transport
-compression, so ``gzip`` and ``deflate`` bodies are decoded here (bounded, which is what
-CVE-2025-69223 was about) and the signature is checked over, and the event stored as, the
-decoded bytes. Any other coding is refused rather than stored undecodable.
+Per request: look the provider up in memory, take a share of the process's body budget, read the
+body (bounded by the provider's maxBodyBytes and a deadline, decoded per Content-Encoding; see
+``body``), verify the signature over those bytes, extract and validate the event id/type
+(``validation``), and hand the row to the group committer, inside a span when tracing is on. The
+answer is sent only after the row's transaction has committed; if Postgres cannot take it, the
+answer is 503 with Retry-After so the sender retries — never a 2xx for an event we do not hold.
+Input the sender got wrong is a 4xx and costs no other sender anything.
 """
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
+import hashlib
+import json
 import logging
-import zlib
-from dataclasses import dataclass
-from typing import Protocol
+import time
+from collections.abc import Mapping
 
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.streams import StreamReader
-from multidict import CIMultiDictProxy
+from aiohttp import web
+
+from hookline.core import db, http, metrics, tracing
+from hookline.core.batching import BatcherFull
+from hookline.core.providers import Provider, ProviderRegistry
+from hookline.core.signatures import SignatureError, signature_headers_for, verify
+from hookline.receiver.body import BodyLimits, BufferBudget, ClientGone, Refused, read_body
+from hookline.receiver.group_commit import GroupCommitter, InboxRow, Stored, is_data_error
+from hookline.receiver.validation import (
+    BadEvent,
+    JsonBody,
+    check_event_id,
+    check_field,
+    escape_text,
+    extract,
+    storable_headers,
+)
 
 log = logging.getLogger(__name__)
 
-# zlib window bits: 16 + MAX_WBITS reads the gzip wrapper, MAX_WBITS the zlib ("deflate") one.
-_DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
-ACCEPTED_ENCODINGS = "gzip, deflate, identity"
+# Headers never stored, whatever the scheme: credentials, hop-by-hop noise, and the framing
+# of the body as it travelled (the stored body is the decoded one).
+ALWAYS_DROPPED = frozenset({"authorization", "cookie", "proxy-authorization", "connection", "keep-alive",
+                            "content-encoding", "content-length", "transfer-encoding"})
+RETRY_AFTER_SECONDS = "5"
+JSON_HEADERS = {"Content-Type": "application/json; charset=utf-8"}
+STORE_TIMEOUT = 10.0
 
 
-class Incoming(Protocol):
-    """What the receiver reads of a request: aiohttp's ``web.BaseRequest``, or the parser's
-    output on the short lane (``connection.ParsedRequest``)."""
-
-    @property
-    def method(self) -> str: ...
-
-    @property
-    def headers(self) -> CIMultiDictProxy[str]: ...
-
-    @property
-    def content_length(self) -> int | None: ...
-
-    @property
-    def content(self) -> StreamReader: ...
+def stored_headers(headers: Mapping[str, str], provider: Provider) -> dict[str, str]:
+    return storable_headers(headers, ALWAYS_DROPPED | signature_headers_for(provider.signature))
 
 
-class Refused(Exception):
-    """The body could not be taken; the request is answered with ``status``/``code``."""
-
-    def __init__(self, status: int, code: str, message: str, *, retry_after: bool = False) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.retry_after = retry_after
-
-
-class ClientGone(Exception):
-    """The client closed the connection before its body was complete."""
-
-
-@dataclass(frozen=True)
-class BodyLimits:
-    """Per-process limits on reading bodies (``hookline receiver --help`` documents them)."""
-
-    body_timeout: float = 30.0
-    max_buffered_bodies: int = 1024
-    max_buffered_bytes: int = 256 * 1024 * 1024
+def build_row(provider: Provider, headers: Mapping[str, str], raw: bytes, content_type: str | None) -> InboxRow:
+    body = JsonBody(raw)
+    event_id = extract(provider.event_id, headers, body)
+    if event_id is None:
+        raise BadEvent("missing_event_id", f"no event id at {provider.event_id.describe()}")
+    check_event_id(event_id)
+    event_type = extract(provider.event_type, headers, body) if provider.event_type else None
+    entity_key = extract(provider.ordering.entity_key, headers, body) if provider.ordering else None
+    window = provider.replay_window_seconds
+    return InboxRow(
+        provider=provider.name,
+        event_id=event_id,
+        event_type=check_field(event_type, "event type") if event_type is not None else None,
+        entity_key=check_field(entity_key, "entity key") if entity_key is not None else None,
+        headers=stored_headers(headers, provider),
+        body=raw,
+        content_type=escape_text(content_type) if content_type is not None else None,
+        body_sha256=hashlib.sha256(raw).digest() if window else None,
+        replay_window_seconds=window,
+    )
 
 
-class BufferBudget:
-    """How many bodies, and bytes of them, this process holds at once (read or waiting to be stored)."""
-
-    def __init__(self, max_bodies: int, max_bytes: int) -> None:
-        self.max_bodies = max_bodies
-        self.max_bytes = max_bytes
-        self.bodies = 0
-        self.bytes = 0
-
-    def open(self) -> BodyLease:
-        if self.bodies >= self.max_bodies:
-            raise Refused(503, "unavailable", "too many requests in progress; retry later", retry_after=True)
-        self.bodies += 1
-        return BodyLease(self)
+def unavailable(message: str) -> web.Response:
+    return http.error(503, "unavailable", message, **{"Retry-After": RETRY_AFTER_SECONDS})
 
 
-class BodyLease:
-    """One request's share of the budget; ``close`` returns it (always, via ``with``)."""
+class Intake:
+    """POST /webhooks/{provider}: one receiver process's request path and what it holds."""
 
-    def __init__(self, budget: BufferBudget) -> None:
-        self._budget = budget
-        self._bytes = 0
-        self._open = True
+    def __init__(self, registry: ProviderRegistry, committer: GroupCommitter, limits: BodyLimits) -> None:
+        self.registry = registry
+        self.committer = committer
+        self.body_timeout = limits.body_timeout
+        self.budget = BufferBudget(limits.max_buffered_bodies, limits.max_buffered_bytes)
+        metrics.receiver_buffered_bodies.set_function(lambda: self.budget.bodies)
+        metrics.receiver_buffered_bytes.set_function(lambda: self.budget.bytes)
 
-    def grow(self, n: int) -> None:
-        if self._budget.bytes + n > self._budget.max_bytes:
-            raise Refused(503, "unavailable", "too many bytes buffered; retry later", retry_after=True)
-        self._budget.bytes += n
-        self._bytes += n
+    async def receive(self, request: web.Request) -> web.Response:
+        """The router's handler for /webhooks/{provider}: every webhook request comes this way."""
+        started = time.perf_counter()
+        name = request.match_info["provider"]
+        provider = self.registry.get(name)
+        response = await self._receive(request, name, provider)
+        self._count(name if provider else "unknown", response, started)
+        return response
 
-    def close(self) -> None:
-        if self._open:
-            self._open = False
-            self._budget.bodies -= 1
-            self._budget.bytes -= self._bytes
+    @staticmethod
+    def _count(label: str, response: web.Response, started: float) -> None:
+        metrics.child(metrics.inbox_received, label, response.get(http.OUTCOME, str(response.status))).inc()
+        metrics.child(metrics.receiver_latency, label).observe(time.perf_counter() - started)
 
-    def __enter__(self) -> BodyLease:
-        return self
+    @staticmethod
+    def _wrong_target(request: web.Request, name: str, provider: Provider | None) -> web.Response | None:
+        if request.method != "POST":
+            return http.error(405, "method_not_allowed", "use POST", Allow="POST")
+        if provider is None:
+            return http.error(404, "unknown_provider", f"no provider named {name!r}")
+        return None
 
-    def __exit__(self, *_: object) -> None:
-        self.close()
+    @staticmethod
+    def _refused(refusal: Refused) -> web.Response:
+        response = http.error(refusal.status, refusal.code, refusal.message,
+                              **({"Retry-After": RETRY_AFTER_SECONDS} if refusal.retry_after else {}))
+        if refusal.status in (400, 408):
+            response.force_close()  # the rest of the stream cannot be trusted to frame a next request
+        return response
 
+    @staticmethod
+    def _full(name: str) -> web.Response:
+        log.warning("group-commit queue full; refusing", extra={"provider": name})
+        return unavailable("too many events waiting to be stored; retry later")
 
-def _malformed(exc: HttpProcessingError) -> Refused:
-    """Bad chunk framing, or a Content-Length the body did not match when the client closed."""
-    return Refused(400, "invalid_body", f"malformed body: {exc.message or type(exc).__name__}")
+    async def _receive(self, request: web.Request, name: str, provider: Provider | None) -> web.Response:
+        wrong_target = self._wrong_target(request, name, provider)
+        if wrong_target is not None:
+            return wrong_target
+        assert provider is not None
+        try:
+            with self.budget.open() as lease:
+                raw = await read_body(request, provider.max_body_bytes, lease, self.body_timeout)
+                return await self._verify_and_store(request, provider, raw)
+        except Refused as refusal:
+            return self._refused(refusal)
+        except ClientGone:
+            log.info("client closed the connection before sending its whole body", extra={"provider": name})
+            response = http.error(400, "client_gone", "the connection closed before the body was complete")
+            response.force_close()
+            return response
 
+    async def _verify_and_store(self, request: web.Request, provider: Provider, raw: bytes) -> web.Response:
+        if not tracing.enabled():  # the common case: no span to open per request
+            return await self._store_verified(request, provider, raw, None)
+        with tracing.span("hookline.receive", request.headers.get("traceparent"), tracing.SERVER,
+                          {"hookline.provider": provider.name}) as traceparent:
+            return await self._store_verified(request, provider, raw, traceparent)
 
-def _too_large(limit: int) -> Refused:
-    return Refused(413, "payload_too_large", f"the body exceeds {limit} bytes")
+    async def _store_verified(self, request: web.Request, provider: Provider, raw: bytes,
+                              traceparent: str | None) -> web.Response:
+        row = self._admit(request, provider, raw, traceparent)
+        if not isinstance(row, InboxRow):
+            return row
+        try:
+            stored = await self.committer.store(row)
+        except BatcherFull:
+            return self._full(provider.name)
+        except Exception as exc:  # _stored_answer answers what it knows and raises the rest
+            return self._stored_answer(provider, exc)
+        return self._stored_answer(provider, stored)
 
+    @staticmethod
+    def _admit(request: web.Request, provider: Provider, raw: bytes,
+               traceparent: str | None) -> InboxRow | web.Response:
+        """The row to store for a verified, well-formed event; else the answer that refuses it."""
+        try:
+            verify(provider.signature, request.headers, raw, time.time())
+        except SignatureError as exc:
+            return http.error(401, exc.code, exc.message)
+        try:
+            row = build_row(provider, request.headers, raw, request.headers.get("Content-Type"))
+        except BadEvent as exc:
+            return http.error(400, exc.code, exc.message)
+        if traceparent is not None:  # the worker continues the receiver's span, as a proxy forwards it
+            row = dataclasses.replace(row, headers={**{k: v for k, v in row.headers.items()
+                                                       if k.lower() != "traceparent"},
+                                                    "traceparent": traceparent})
+        return row
 
-async def read_body(request: Incoming, limit: int, lease: BodyLease, timeout: float) -> bytes:
-    """The decoded body; raises :class:`Refused` or :class:`ClientGone`."""
-    if request.content.is_eof():  # it all came with the headers (most webhooks): take it as it is
-        return take_buffered_body(request, limit, lease)
-    reserved = _reserve(request, limit, lease)
-    try:
-        async with asyncio.timeout(timeout):
-            raw = b"".join(await _read_chunks(request, limit, lease, reserved))
-    except TimeoutError:
-        raise Refused(408, "request_timeout", f"the body was not complete within {timeout:g} s") from None
-    except HttpProcessingError as exc:
-        raise _malformed(exc) from None
-    except (ConnectionError, asyncio.IncompleteReadError):
-        raise ClientGone() from None
-    return decode(raw, request.headers.get("Content-Encoding"), limit, lease)
-
-
-def take_buffered_body(request: Incoming, limit: int, lease: BodyLease) -> bytes:
-    """The decoded body of a request whose body is complete in aiohttp's buffer already (no read
-    loop, no await); raises :class:`Refused`."""
-    reserved = _reserve(request, limit, lease)
-    try:
-        raw = request.content.read_nowait()
-    except HttpProcessingError as exc:
-        raise _malformed(exc) from None
-    if len(raw) > limit:
-        raise _too_large(limit)
-    if len(raw) > reserved:
-        lease.grow(len(raw) - reserved)
-    return decode(raw, request.headers.get("Content-Encoding"), limit, lease)
-
-
-def _reserve(request: Incoming, limit: int, lease: BodyLease) -> int:
-    """Bytes taken from the budget up front for a declared Content-Length: a lying client cannot exceed it."""
-    if request.content_length is None:
-        return 0
-    if request.content_length > limit:
-        raise _too_large(limit)
-    lease.grow(request.content_length)
-    return request.content_length
-
-
-async def _read_chunks(request: Incoming, limit: int, lease: BodyLease, reserved: int) -> list[bytes]:
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await request.content.readany():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        if size > reserved:
-            lease.grow(size - reserved)
-            reserved = size
-        chunks.append(chunk)
-    return chunks
-
-
-def decode(raw: bytes, content_encoding: str | None, limit: int, lease: BodyLease) -> bytes:
-    """``raw`` with its content codings undone (last applied first), at most ``limit`` bytes."""
-    if content_encoding is None:  # nearly every webhook
-        return raw
-    codings = [c.strip().lower() for c in content_encoding.split(",")]
-    codings = [c for c in codings if c and c != "identity"]
-    if len(codings) > 2:
-        raise Refused(400, "invalid_body", "more than two content codings")
-    body = raw
-    for coding in reversed(codings):
-        wbits = _DECODERS.get(coding)
-        if wbits is None:
-            raise Refused(400, "invalid_body", f"Content-Encoding {coding!r} is not supported; "
-                          f"use one of: {ACCEPTED_ENCODINGS}")
-        body = _inflate(body, wbits, coding, limit)
-        lease.grow(len(body))
-    return body
+    @staticmethod
+    def _stored_answer(provider: Provider, outcome: Stored | BaseException) -> web.Response:
+        """The answer for a row's group commit: stored (new or duplicate), or why not; an
+        exception it does not expect is raised."""
+        if isinstance(outcome, Stored):
+            return stored_answer("accepted" if outcome.is_new else "duplicate", outcome.event_id)
+        if isinstance(outcome, (*db.DATABASE_ERRORS, UnicodeError)):
+            return _not_stored(provider, outcome)
+        raise outcome
 
 
-def _inflate(data: bytes, wbits: int, coding: str, limit: int) -> bytes:
-    decoder = zlib.decompressobj(wbits)
-    try:
-        # One byte over the limit is enough to know it is too large: never inflate a bomb.
-        out = decoder.decompress(data, limit + 1)
-    except zlib.error:
-        raise Refused(400, "invalid_body", f"the body is not valid {coding} data") from None
-    if len(out) > limit:
-        raise _too_large(limit)
-    if not decoder.eof or decoder.unused_data or decoder.unconsumed_tail:
-        raise Refused(400, "invalid_body", f"the body is not one complete {coding} stream")
-    return out
+def stored_answer(status: str, event_id: str) -> web.Response:
+    """``{"status": ..., "event_id": ...}``, as json_response writes it, without encoding a dict
+    per request (the hot path: one per event); ``response[http.OUTCOME]`` is the status."""
+    response = web.Response(body=f'{{"status": "{status}", "event_id": {json.dumps(event_id)}}}'.encode(),
+                            headers=JSON_HEADERS)
+    response[http.OUTCOME] = status
+    return response
+
+
+def _not_stored(provider: Provider, exc: BaseException) -> web.Response:
+    """400 when Postgres refused this event's data (its batch-mates were stored: see group_commit),
+    503 + Retry-After when Postgres could not be reached or was too slow."""
+    if is_data_error(exc):
+        log.warning("Postgres refused an event", extra={"provider": provider.name, "error": type(exc).__name__})
+        return http.error(400, "invalid_event", f"the event cannot be stored ({type(exc).__name__})")
+    log.warning("could not store event", extra={"provider": provider.name, "error": type(exc).__name__})
+    return unavailable("the event could not be stored; retry later")
+
+
