@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from hookline.core import db
+from hookline.core import aiohttp_adapter, db
 from hookline.core import metrics as hookline_metrics
 
 log = logging.getLogger(__name__)
@@ -143,14 +143,15 @@ class Connections:
 
     def __init__(self, header_timeout: float) -> None:
         self.header_timeout = header_timeout
-        self.server: web.Server | None = None  # the runner's, once it is set up
+        # aiohttp's protocol factory (the runner's web.Server), or the short lane's; once set up.
+        self.protocol_factory: Callable[[], asyncio.Protocol] | None = None
         self.closing = False  # the server is shutting down
         self.by_transport: dict[asyncio.BaseTransport, HeaderDeadline] = {}
 
     def __call__(self) -> HeaderDeadline:
-        """The listener's protocol factory: ``web.Server`` is aiohttp's (docs: web_lowlevel)."""
-        assert self.server is not None
-        return HeaderDeadline(self.server(), self)
+        """The listener's protocol factory."""
+        assert self.protocol_factory is not None
+        return HeaderDeadline(self.protocol_factory(), self)
 
     @web.middleware
     async def track_requests(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -212,16 +213,19 @@ logging.getLogger("aiohttp.server").addFilter(MalformedRequestsQuietly())
 
 
 async def serve(app: web.Application, host: str, port: int, limits: ConnectionLimits | None = None,
-                **handler_options: Any) -> web.AppRunner:
+                short_lane: aiohttp_adapter.ShortLane | None = None, **handler_options: Any) -> web.AppRunner:
     """Serve ``app`` on aiohttp's public server: a header deadline per connection (:class:`HeaderDeadline`)
-    and the idle one (aiohttp's ``keepalive_timeout``); ``handler_options`` are aiohttp's (e.g. auto_decompress)."""
+    and the idle one (aiohttp's ``keepalive_timeout``); ``handler_options`` are aiohttp's (e.g. auto_decompress).
+    Requests ``short_lane`` takes are answered by it where aiohttp allows (``aiohttp_adapter``)."""
     limits = limits or ConnectionLimits()
     runner = web.AppRunner(app, keepalive_timeout=limits.keepalive_timeout, access_log=None,
                            handle_signals=False, **handler_options)
     connections = Connections(limits.header_timeout)
     app.middlewares.append(connections.track_requests)
     await runner.setup()
-    connections.server = runner.server
+    assert runner.server is not None
+    connections.protocol_factory = aiohttp_adapter.protocol_factory(runner.server, short_lane,
+                                                                    connections.by_transport)
     # With several processes on one port (hookline receiver --processes N) the kernel spreads
     # connections over them (SO_REUSEPORT); a lone process keeps the port to itself.
     reuse_port = os.environ.get("HOOKLINE_REUSE_PORT") == "1"

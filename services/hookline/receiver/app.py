@@ -36,7 +36,7 @@ class ReceiverLimits:
 def create_app(pool: asyncpg.Pool, intake: Intake) -> web.Application:
     # Bodies are read from the stream with each provider's own limit, not aiohttp's global one.
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_route("*", "/webhooks/{provider}", intake.receive)
+    app.router.add_route("*", "/webhooks/{provider}", intake.routed)
     http.add_ops_routes(app, pool)
     return app
 
@@ -60,7 +60,7 @@ class Receiver:
         self.committer.start()
         # Content codings are decoded by the receiver itself, bounded per provider (see body).
         self._runner = await http.serve(self.app, self.host, self.port, self.limits.connections,
-                                        auto_decompress=False)
+                                        short_lane=self.intake.short_lane, auto_decompress=False)
         tune_gc_for_serving()
         log.info("receiver listening", extra={"url": f"http://{self.host}:{self.port}"})
 

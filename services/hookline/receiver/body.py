@@ -21,15 +21,34 @@ import asyncio
 import logging
 import zlib
 from dataclasses import dataclass
+from typing import Protocol
 
-from aiohttp import web
+from aiohttp import StreamReader
 from aiohttp.http_exceptions import HttpProcessingError
+from multidict import CIMultiDictProxy
 
 log = logging.getLogger(__name__)
 
 # zlib window bits: 16 + MAX_WBITS reads the gzip wrapper, MAX_WBITS the zlib ("deflate") one.
 _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 ACCEPTED_ENCODINGS = "gzip, deflate, identity"
+
+
+class Incoming(Protocol):
+    """What the receiver reads of a request: aiohttp's ``web.Request``, or the parser's output on
+    the short lane (``aiohttp_adapter.WholeRequest``)."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def headers(self) -> CIMultiDictProxy[str]: ...
+
+    @property
+    def content_length(self) -> int | None: ...
+
+    @property
+    def content(self) -> StreamReader: ...
 
 
 class Refused(Exception):
@@ -108,7 +127,7 @@ def _too_large(limit: int) -> Refused:
     return Refused(413, "payload_too_large", f"the body exceeds {limit} bytes")
 
 
-async def read_body(request: web.BaseRequest, limit: int, lease: BodyLease, timeout: float) -> bytes:
+async def read_body(request: Incoming, limit: int, lease: BodyLease, timeout: float) -> bytes:
     """The decoded body; raises :class:`Refused` or :class:`ClientGone`."""
     if request.content.is_eof():  # it all came with the headers (most webhooks): take it as it is
         return take_buffered_body(request, limit, lease)
@@ -125,7 +144,7 @@ async def read_body(request: web.BaseRequest, limit: int, lease: BodyLease, time
     return decode(raw, request.headers.get("Content-Encoding"), limit, lease)
 
 
-def take_buffered_body(request: web.BaseRequest, limit: int, lease: BodyLease) -> bytes:
+def take_buffered_body(request: Incoming, limit: int, lease: BodyLease) -> bytes:
     """The decoded body of a request whose body is complete in aiohttp's buffer already (no read
     loop); raises :class:`Refused`."""
     reserved = _reserve(request, limit, lease)
@@ -140,7 +159,7 @@ def take_buffered_body(request: web.BaseRequest, limit: int, lease: BodyLease) -
     return decode(raw, request.headers.get("Content-Encoding"), limit, lease)
 
 
-def _reserve(request: web.BaseRequest, limit: int, lease: BodyLease) -> int:
+def _reserve(request: Incoming, limit: int, lease: BodyLease) -> int:
     """Bytes taken from the budget up front for a declared Content-Length: a lying client cannot exceed it."""
     if request.content_length is None:
         return 0
@@ -150,7 +169,7 @@ def _reserve(request: web.BaseRequest, limit: int, lease: BodyLease) -> int:
     return request.content_length
 
 
-async def _read_chunks(request: web.BaseRequest, limit: int, lease: BodyLease, reserved: int) -> list[bytes]:
+async def _read_chunks(request: Incoming, limit: int, lease: BodyLease, reserved: int) -> list[bytes]:
     chunks: list[bytes] = []
     size = 0
     while chunk := await request.content.readany():

@@ -16,15 +16,16 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 
 from aiohttp import web
 
 from hookline.core import db, http, metrics, tracing
+from hookline.core.aiohttp_adapter import WholeRequest
 from hookline.core.batching import BatcherFull
 from hookline.core.providers import Provider, ProviderRegistry
 from hookline.core.signatures import SignatureError, signature_headers_for, verify
-from hookline.receiver.body import BodyLimits, BufferBudget, ClientGone, Refused, read_body
+from hookline.receiver.body import BodyLimits, BufferBudget, ClientGone, Incoming, Refused, read_body
 from hookline.receiver.group_commit import GroupCommitter, InboxRow, Stored, is_data_error
 from hookline.receiver.validation import (
     BadEvent,
@@ -45,6 +46,7 @@ ALWAYS_DROPPED = frozenset({"authorization", "cookie", "proxy-authorization", "c
 RETRY_AFTER_SECONDS = "5"
 JSON_HEADERS = {"Content-Type": "application/json; charset=utf-8"}
 STORE_TIMEOUT = 10.0
+WEBHOOKS_PREFIX = "/webhooks/"
 
 
 def stored_headers(headers: Mapping[str, str], provider: Provider) -> dict[str, str]:
@@ -88,10 +90,22 @@ class Intake:
         metrics.receiver_buffered_bodies.set_function(lambda: self.budget.bodies)
         metrics.receiver_buffered_bytes.set_function(lambda: self.budget.bytes)
 
-    async def receive(self, request: web.Request) -> web.Response:
-        """The router's handler for /webhooks/{provider}: every webhook request comes this way."""
+    async def routed(self, request: web.Request) -> web.Response:
+        """The router's handler for /webhooks/{provider}."""
+        return await self.receive(request, request.match_info["provider"])
+
+    def short_lane(self, request: WholeRequest) -> Awaitable[web.Response] | None:
+        """:meth:`receive` for a request to a provider's exact path whose body came whole with its
+        headers (``aiohttp_adapter``); None for anything else, which the router answers."""
+        if not request.path.startswith(WEBHOOKS_PREFIX):
+            return None
+        # a provider's exact name: no query, no percent-encoding, nothing the router would read otherwise
+        name = request.path[len(WEBHOOKS_PREFIX):]
+        return self.receive(request, name) if self.registry.get(name) is not None else None
+
+    async def receive(self, request: Incoming, name: str) -> web.Response:
+        """Every webhook request, whatever lane it came by: counted by provider and outcome."""
         started = time.perf_counter()
-        name = request.match_info["provider"]
         provider = self.registry.get(name)
         response = await self._receive(request, name, provider)
         self._count(name if provider else "unknown", response, started)
@@ -103,7 +117,7 @@ class Intake:
         metrics.child(metrics.receiver_latency, label).observe(time.perf_counter() - started)
 
     @staticmethod
-    def _wrong_target(request: web.Request, name: str, provider: Provider | None) -> web.Response | None:
+    def _wrong_target(request: Incoming, name: str, provider: Provider | None) -> web.Response | None:
         if request.method != "POST":
             return http.error(405, "method_not_allowed", "use POST", Allow="POST")
         if provider is None:
@@ -123,7 +137,7 @@ class Intake:
         log.warning("group-commit queue full; refusing", extra={"provider": name})
         return unavailable("too many events waiting to be stored; retry later")
 
-    async def _receive(self, request: web.Request, name: str, provider: Provider | None) -> web.Response:
+    async def _receive(self, request: Incoming, name: str, provider: Provider | None) -> web.Response:
         wrong_target = self._wrong_target(request, name, provider)
         if wrong_target is not None:
             return wrong_target
@@ -140,14 +154,14 @@ class Intake:
             response.force_close()
             return response
 
-    async def _verify_and_store(self, request: web.Request, provider: Provider, raw: bytes) -> web.Response:
+    async def _verify_and_store(self, request: Incoming, provider: Provider, raw: bytes) -> web.Response:
         if not tracing.enabled():  # the common case: no span to open per request
             return await self._store_verified(request, provider, raw, None)
         with tracing.span("hookline.receive", request.headers.get("traceparent"), tracing.SERVER,
                           {"hookline.provider": provider.name}) as traceparent:
             return await self._store_verified(request, provider, raw, traceparent)
 
-    async def _store_verified(self, request: web.Request, provider: Provider, raw: bytes,
+    async def _store_verified(self, request: Incoming, provider: Provider, raw: bytes,
                               traceparent: str | None) -> web.Response:
         row = self._admit(request, provider, raw, traceparent)
         if not isinstance(row, InboxRow):
@@ -161,7 +175,7 @@ class Intake:
         return self._stored_answer(provider, stored)
 
     @staticmethod
-    def _admit(request: web.Request, provider: Provider, raw: bytes,
+    def _admit(request: Incoming, provider: Provider, raw: bytes,
                traceparent: str | None) -> InboxRow | web.Response:
         """The row to store for a verified, well-formed event; else the answer that refuses it."""
         try:
