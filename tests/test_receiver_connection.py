@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import uuid
 from collections.abc import AsyncIterator
@@ -19,8 +20,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from hookline.core.embedded import free_port
 from support import senders
-from support.processes import ServiceProcess, hookline_cli, receiver
+from support.processes import TESTS_DIR, ServiceProcess, hookline_cli, receiver
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -152,5 +154,53 @@ async def test_graceful_shutdown_answers_a_pending_request_first(database_url: s
         assert headers.get("connection", "").lower() == "close"
         await assert_closed_and_stored(reader, writer, conn, [event_id])
         assert await asyncio.to_thread(proc.proc.wait, 60) == 0  # the first SIGTERM's clean exit
+    finally:
+        proc.stop()
+
+
+# The short lane (core/aiohttp_adapter.py) writes its answers itself, without aiohttp's Server header:
+# whether that header is there says which lane answered.
+MISSING_INTERNAL = """
+import hookline.core.aiohttp_adapter as adapter
+adapter.HANDLER_INTERNALS = (*adapter.HANDLER_INTERNALS, "_gone_in_a_newer_aiohttp")
+"""
+
+
+async def send_whole_webhook(port: int) -> tuple[str, int, dict[str, str], dict[str, object]]:
+    event_id = f"evt_{uuid.uuid4().hex}"
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(webhook(event_id))  # headers and body in one write, on a new connection
+        return (event_id, *await read_answer(reader))
+    finally:
+        writer.close()
+
+
+async def test_the_short_lane_answers_a_whole_webhook_when_aiohttp_has_its_internals(
+        database_url: str, log_dir: Path, conn: asyncpg.Connection) -> None:
+    proc = receiver(database_url, log_dir)
+    try:
+        event_id, status, headers, body = await send_whole_webhook(proc.port)
+        assert (status, body) == (200, accepted(event_id))
+        assert "server" not in headers  # the short lane's answer, not aiohttp's
+        assert "short lane on" in proc.logs() and "the short lane is off" not in proc.logs()
+    finally:
+        proc.stop()
+
+
+async def test_without_an_internal_the_receiver_serves_on_aiohttps_public_path_and_warns_once(
+        database_url: str, log_dir: Path, conn: asyncpg.Connection, tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(MISSING_INTERNAL)  # a newer aiohttp, as the check sees it
+    port = free_port()
+    proc = ServiceProcess(["receiver", "--host", "127.0.0.1", "--port", str(port)], database_url, log_dir, port=port,
+                          env={"PYTHONPATH": os.pathsep.join([str(tmp_path), TESTS_DIR])}).start("/readyz")
+    try:
+        for _ in range(2):
+            event_id, status, headers, body = await send_whole_webhook(proc.port)
+            assert (status, body) == (200, accepted(event_id))
+            assert "aiohttp" in headers["server"]  # answered by aiohttp's path
+        assert await stored(conn, [event_id]) == {event_id: 1}
+        warnings = [line for line in proc.logs().splitlines() if "the short lane is off" in line]
+        assert len(warnings) == 1 and "RequestHandler._gone_in_a_newer_aiohttp" in warnings[0], warnings
     finally:
         proc.stop()
