@@ -1,4 +1,4 @@
-"""docs/provider-spec.md, the reference of the WebhookProvider spec, generated so that it cannot drift:
+"""docs/provider-spec.md, the reference of the WebhookProvider spec and status, generated so that it cannot drift:
 the fields, types, bounds, defaults and descriptions from the CRD's schema (crds/), each signature
 scheme's defaults from the schemes' own table (``signatures.SCHEMES``), and the defaults the code
 applies where the CRD has none (``SignatureConfig``, ``partitions.Retention``). ``make docs`` writes
@@ -189,7 +189,8 @@ def scheme_table() -> list[str]:
 
 def render() -> str:
     crd = yaml.safe_load(CRD_FILE.read_text())
-    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    schema = root["spec"]
     signature = schema["properties"]["signature"]["properties"]
     out = [INTRO, "## Fields", "",
            "Paths are below `spec`; `[]` marks the items of a list. A default is what applies when the field is "
@@ -212,7 +213,14 @@ def render() -> str:
         out.append(f"| `signature.{key}` | {default} | {_text(signature[key]['description'])} |")
     out += ["", "For example, a sender that sends `X-Signature: sha256=<hex>`:", "", "```yaml",
             "spec:", "  signature: {scheme: hmac-sha256, header: X-Signature, encoding: hex, prefix: \"sha256=\"}",
-            "```", ""]
+            "```", "",
+            "## Status", "",
+            "What the operator writes to a cluster resource's `status` (a providers file has none; "
+            "`hookline status` shows the same numbers). Annotations and every condition's reasons: "
+            "[kubernetes.md](kubernetes.md#annotations-conditions-and-status).", "",
+            "| field | type | description |", "| --- | --- | --- |"]
+    out += [f"| `{path}` | {kind} | {description} |" for path, kind, _default, description in rows(root["status"])]
+    out.append("")
     return "\n".join(out)
 
 
