@@ -17,7 +17,7 @@ from pathlib import Path
 
 import asyncpg
 
-from hookline.core import migrations
+from hookline.core import migrations, secrets_at_rest
 from hookline.core.embedded import EmbeddedPostgres, binary, free_port
 
 
@@ -30,6 +30,12 @@ class BenchDatabase:
         self.url = ""
 
     async def start(self) -> str:
+        # Providers' secrets are sealed at rest: a throwaway key for this run unless one is configured
+        # (the environment is inherited by every service the benchmark starts).
+        if not os.environ.get(secrets_at_rest.KEYS_FILE_ENV, "").strip():
+            keys = Path(self.tmp.name) / "secret-keys"
+            secrets_at_rest.write_new_keys_file(keys)
+            os.environ[secrets_at_rest.KEYS_FILE_ENV] = str(keys)
         await asyncio.to_thread(self.server.start)
         conn = await asyncpg.connect(self.server.url)
         await conn.execute("CREATE DATABASE hookline")
