@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import math
 import os
 import sys
 from collections.abc import Callable, Coroutine
@@ -15,6 +16,7 @@ from typing import Any, TypeAlias
 from hookline import __version__
 from hookline.core import logs
 from hookline.core.config import ConfigError
+from hookline.devstack import DEFAULT_RECEIVER_URL
 
 EPILOG = """\
 Every command reads HOOKLINE_DATABASE_URL (a postgresql:// URL), except `dev`,
@@ -22,6 +24,11 @@ which runs its own embedded Postgres. Logs are readable lines for `dev` and on a
 terminal, JSON lines otherwise; HOOKLINE_LOG_FORMAT=json or text decides instead.
 
 Start here:  hookline dev            (the whole stack on your machine)
+
+With HOOKLINE_DATABASE_URL unset, the commands that are not services (status,
+events, providers, send-test, ...) use the `hookline dev` running from the same
+directory (its record in .hookline, or in HOOKLINE_DEV_DATA_DIR) and its key file,
+and say so on stderr.
 """
 
 
@@ -49,17 +56,43 @@ def _add_consumer_flags(p: argparse.ArgumentParser, what: str, port: int) -> Non
 
 
 def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    return _number(kind, lambda n: n > 0, "must be greater than 0")
+
+
+def _non_negative(kind: type[int] | type[float]) -> Callable[[str], float]:
+    return _number(kind, lambda n: n >= 0, "must be 0 or more")
+
+
+def _number(kind: type[int] | type[float], accept: Callable[[float], bool], rule: str) -> Callable[[str], float]:
+    """An argparse type: a finite number of ``kind`` that ``accept`` takes, else a usage error saying ``rule``."""
     def parse(value: str) -> float:
         try:
             number = kind(value)
         except ValueError:
             wanted = "an integer" if kind is int else "a number"
             raise argparse.ArgumentTypeError(f"{value!r} is not {wanted}") from None
-        if number <= 0:
-            raise argparse.ArgumentTypeError(f"{value!r} must be greater than 0")
+        if not math.isfinite(number):
+            raise argparse.ArgumentTypeError(f"{value!r} is not a finite number")
+        if not accept(number):
+            raise argparse.ArgumentTypeError(f"{value!r} {rule}")
         return number
     parse.__name__ = kind.__name__
     return parse
+
+
+def _directory(value: str) -> Path:
+    path = Path(value)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a directory")
+    return path
+
+
+def _add_import_path_flag(p: argparse.ArgumentParser, *, working_directory: bool) -> None:
+    also = "the working directory, then " if working_directory else ""
+    p.add_argument("--import-path", action="append", dest="import_paths", type=_directory, metavar="DIR",
+                   help=f"a directory handler modules (handler: \"module:function\") are imported from "
+                   f"(repeatable); they come from {also}these, then HOOKLINE_IMPORT_PATH (directories separated "
+                   f"by '{os.pathsep}'), then the installed packages")
 
 
 def _add_receiver_limits(p: argparse.ArgumentParser) -> None:
@@ -120,18 +153,22 @@ def configure_dev_parser(subparsers: Subparsers) -> None:
         subparsers, "dev", "the whole stack in one process on an embedded Postgres",
         description="Run receiver, worker, relay and lease sweeper in one process on an "
         "embedded Postgres kept in --data-dir. Prints the receiver URL, the database URL "
-        "and a signed curl example. Ctrl-C stops everything.",
+        "and a signed curl example. Ctrl-C stops everything. While it runs, the other commands run from "
+        "the same directory use its database (recorded, mode 0600, in --data-dir) and key file. Handler "
+        "modules are imported from the working directory and --import-path.",
         examples="  hookline dev                                  an example provider on port 8080\n"
         "  hookline dev --providers providers.yaml --port 9000\n",
         environment="environment:\n  HOOKLINE_LOG_FORMAT     json or text (default: text for dev)\n"
         "  HOOKLINE_SECRET_KEYS_FILE  keys that encrypt signing secrets at rest (default: secret-keys in\n"
         "                          --data-dir, made with a new key, mode 0600, on first run)\n"
         "  HOOKLINE_LOG_LEVEL      used when --log-level is not given\n"
+        "  HOOKLINE_IMPORT_PATH    more directories to import handler modules from (as --import-path)\n"
         "  (HOOKLINE_DATABASE_URL is not read: the database is the embedded one. Needs hookline[dev].)\n")
     p.add_argument("--port", type=int, default=8080, help="receiver port (default 8080)")
     p.add_argument("--host", default="127.0.0.1", help="receiver address (default 127.0.0.1)")
     p.add_argument("--providers", type=Path, help="providers YAML file (default: a built-in example)")
     p.add_argument("--data-dir", type=Path, default=Path(".hookline"), help="where Postgres keeps its data")
+    _add_import_path_flag(p, working_directory=True)
     _add_common(p)
 
 
@@ -179,7 +216,8 @@ def configure_worker_parser(subparsers: Subparsers) -> None:
         "  hookline worker --sweep                       also requeue expired leases\n",
         environment=ENVIRONMENT + "  HOOKLINE_DESTINATION_SECRET_FILE  for a tenant's workers (as the operator runs\n"
         "                          them): the destination signing secret of the one --provider, from this file;\n"
-        "                          no secret column is read and no key file is needed\n")
+        "                          no secret column is read and no key file is needed\n"
+        "  HOOKLINE_IMPORT_PATH    more directories to import handler modules from (as --import-path)\n")
     p.add_argument("--provider", action="append", dest="providers", metavar="NAME",
                    help="only this provider (repeatable; default: all providers)")
     p.add_argument("--concurrency", type=int, default=16, help="events processed at once (default 16)")
@@ -189,6 +227,7 @@ def configure_worker_parser(subparsers: Subparsers) -> None:
     p.add_argument("--batch-seconds", type=_positive(float), default=0.05,
                    help="(event, conn) handlers share a transaction under load; a batch starts no further "
                    "event after this many seconds, so a slow handler holds the others' locks briefly (default 0.05)")
+    _add_import_path_flag(p, working_directory=False)
     _add_consumer_flags(p, "events", port=8081)
 
 
@@ -204,7 +243,7 @@ def configure_dlq_parser(subparsers: Subparsers) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     dead_list = _add_command(actions, "list", "list dead events, newest first (inbox; outbox with "
                              "--endpoint/--since)")
-    dead_list.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    dead_list.add_argument("--limit", type=_positive(int), default=50, help="at most this many (default 50)")
     replay = _add_command(actions, "replay", "requeue dead events; attempts start again")
     replay.add_argument("--event-type", help="only inbox events of this type")
     replay.add_argument("--event", metavar="PROVIDER:EVENT_ID",
@@ -279,12 +318,10 @@ def configure_endpoints_parser(subparsers: Subparsers) -> None:
     add.add_argument("--ordered", action="store_true",
                      help="deliver each aggregate's events one at a time, in order")
     add.add_argument("--secret", help="whsec_ secret to sign with (default: generated)")
-    add.add_argument("--max-attempts", type=int, default=12, help="attempts before a delivery is dead (default 12)")
-    add.add_argument("--retry-initial-delay", type=float, default=5.0, help="first retry delay, seconds (default 5)")
-    add.add_argument("--retry-max-delay", type=float, default=3600.0, help="longest retry delay (default 3600)")
-    add.add_argument("--timeout", type=float, default=10.0, help="seconds for the whole request (default 10)")
+    _add_delivery_policy_flags(add, ENDPOINT_DEFAULTS)
     _add_endpoint_retention_flags(add)
     _add_common(add)
+    _add_endpoint_update_parser(actions)
     _add_common(_add_command(actions, "list", "list endpoints (secrets shown as fingerprints only)"))
     named = {
         "delete": "delete an endpoint and its deliveries",
@@ -295,7 +332,7 @@ def configure_endpoints_parser(subparsers: Subparsers) -> None:
         a = _add_command(actions, action, text)
         a.add_argument("name")
         if action == "rotate-secret":
-            a.add_argument("--overlap-hours", type=float, default=24.0,
+            a.add_argument("--overlap-hours", type=_non_negative(float), default=24.0,
                            help="how long the old secret keeps signing too (default 24)")
         _add_common(a)
     retention = _add_command(actions, "set-retention",
@@ -307,10 +344,10 @@ def configure_endpoints_parser(subparsers: Subparsers) -> None:
 
 
 def _add_endpoint_retention_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--done-hours", type=float, metavar="H",
+    p.add_argument("--done-hours", type=_positive(float), metavar="H",
                    help="keep delivered events H hours after they were published (default: the install's, "
                    "HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS or 72)")
-    p.add_argument("--dead-days", type=float, metavar="D",
+    p.add_argument("--dead-days", type=_positive(float), metavar="D",
                    help="keep dead deliveries D days after they died unless replayed (default: the install's, "
                    "HOOKLINE_ENDPOINT_RETENTION_DEAD_DAYS or 14); pending and parked ones are never removed")
 
@@ -344,9 +381,17 @@ def configure_providers_parser(subparsers: Subparsers) -> None:
         "  cat providers.yaml | hookline providers apply -f -\n"
         "  hookline providers delete stripe\n")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    apply = _add_command(actions, "apply", "create or update providers from a YAML file")
+    apply = _add_command(actions, "apply", "create or update providers from a YAML file",
+                         description="Create or update providers from a YAML file, all or none. Each handler "
+                         "module is imported first (from the working directory, --import-path and "
+                         "HOOKLINE_IMPORT_PATH): a handler that cannot be imported, or is not an async function, "
+                         "is refused with the import's error.")
     apply.add_argument("-f", "--filename", type=Path, required=True,
                        help="YAML file with one or more WebhookProvider documents ('-' for stdin)")
+    apply.add_argument("--no-import-check", action="store_true",
+                       help="store handler providers without importing their handler modules first (for an "
+                       "install whose CLI lacks the handlers' code; the workers must have it)")
+    _add_import_path_flag(apply, working_directory=True)
     _add_common(apply)
     _add_common(_add_command(actions, "list", "list providers (never shows secrets)"))
     delete = _add_command(actions, "delete", "delete a provider (its stored events stay)")
@@ -392,7 +437,7 @@ def configure_events_parser(subparsers: Subparsers) -> None:
     listing.add_argument("--status", choices=("pending", "processing", "done", "dead"),
                          help="only events in this state")
     listing.add_argument("--since", type=_timestamp, help="only events received at or after this time (ISO 8601)")
-    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    listing.add_argument("--limit", type=_positive(int), default=50, help="at most this many (default 50)")
     _add_common(listing)
     show = _add_command(actions, "show", "one event: state, redacted headers, body preview, attempts")
     show.add_argument("provider", help="the provider's name")
@@ -406,9 +451,16 @@ def configure_deliveries_parser(subparsers: Subparsers) -> None:
         subparsers, "deliveries", "the history of outbox deliveries",
         description="What happened to an outbox event at each endpoint: state, last answer and every logged "
         "attempt (when, which relay, outcome, HTTP status, latency, error).",
-        examples="  hookline deliveries show 1234                   one delivery by id\n"
+        examples="  hookline deliveries list --endpoint billing --status dead\n"
+        "  hookline deliveries show 1234                   one delivery by id\n"
         "  hookline deliveries show msg_0190a1b2c3d4e5f6     every delivery of an outbox event\n")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = _add_command(actions, "list", "list deliveries, newest first")
+    listing.add_argument("--endpoint", help="only deliveries to this endpoint")
+    listing.add_argument("--status", choices=("pending", "processing", "done", "dead", "parked"),
+                         help="only deliveries in this state")
+    listing.add_argument("--limit", type=_positive(int), default=50, help="at most this many (default 50)")
+    _add_common(listing)
     show = _add_command(actions, "show", "one delivery, or every delivery of an outbox event")
     show.add_argument("id", help="a delivery id, or an outbox event id (msg_...)")
     _add_output_flag(show)
@@ -440,6 +492,80 @@ def configure_status_parser(subparsers: Subparsers) -> None:
     _add_common(p)
 
 
+# `endpoints add`'s defaults for the flags `endpoints update` shares (there, a flag left out keeps the value).
+ENDPOINT_DEFAULTS = {"max_attempts": 12, "retry_initial_delay": 5.0, "retry_max_delay": 3600.0, "timeout": 10.0}
+
+
+def _add_delivery_policy_flags(p: argparse.ArgumentParser, defaults: dict[str, float] | None) -> None:
+    """Retries and timeout of an endpoint; without ``defaults`` (update) a flag left out changes nothing."""
+    def default(key: str) -> Any:
+        return None if defaults is None else defaults[key]
+
+    def said(key: str) -> str:
+        return "unchanged" if defaults is None else f"default {defaults[key]:g}"
+
+    p.add_argument("--max-attempts", type=_positive(int), default=default("max_attempts"),
+                   help=f"attempts before a delivery is dead ({said('max_attempts')})")
+    p.add_argument("--retry-initial-delay", type=_positive(float), default=default("retry_initial_delay"),
+                   help=f"first retry delay, seconds ({said('retry_initial_delay')})")
+    p.add_argument("--retry-max-delay", type=_positive(float), default=default("retry_max_delay"),
+                   help=f"longest retry delay, seconds ({said('retry_max_delay')})")
+    p.add_argument("--timeout", type=_positive(float), default=default("timeout"),
+                   help=f"seconds for the whole request ({said('timeout')})")
+
+
+def _add_endpoint_update_parser(actions: Subparsers) -> None:
+    update = _add_command(actions, "update", "change an endpoint in place, keeping its deliveries and secret",
+                          description="Change an endpoint's URL, event types, ordering, retries or timeout in "
+                          "place: its deliveries (pending ones go to the new URL), secret and circuit stay. "
+                          "A flag left out keeps its value.")
+    update.add_argument("name")
+    update.add_argument("--url", help="new http(s) URL the relay POSTs to")
+    update.add_argument("--event-type", action="append", dest="event_types", metavar="T",
+                        help="deliver events of this type, or 'prefix.*', or '*' for all (repeatable; replaces "
+                        "the endpoint's list)")
+    update.add_argument("--ordered", action=argparse.BooleanOptionalAction, default=None,
+                        help="deliver each aggregate's events one at a time, in order (--no-ordered: in parallel)")
+    _add_delivery_policy_flags(update, None)
+    _add_common(update)
+
+
+def configure_send_test_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "send-test", "sign a fresh test event with a provider's own secret and send it",
+        description="Send a new event to the receiver, signed as the provider's sender signs it, with the "
+        "provider's stored secret; print the curl it sent (with its signature, never the secret) and the "
+        "receiver's answer. Exit status 0 when the receiver accepted it (2xx), 1 otherwise.",
+        examples="  hookline send-test example                      to the running `hookline dev`\n"
+        "  hookline send-test stripe --body payment_intent.json --url http://localhost:9000\n",
+        environment=ENVIRONMENT + "  HOOKLINE_DEV_DATA_DIR   where the running `hookline dev` is recorded (default "
+        ".hookline)\n")
+    p.add_argument("provider", help="the provider's name")
+    p.add_argument("--body", type=Path, metavar="FILE",
+                   help="the body to send, as it is ('-' for stdin; default: a small JSON event with a new id)")
+    p.add_argument("--url", help="the receiver's base URL; the event goes to URL/webhooks/PROVIDER (default: the "
+                   f"running `hookline dev`'s, else {DEFAULT_RECEIVER_URL})")
+    _add_common(p)
+
+
+def configure_publish_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "publish", "publish an outgoing event to the outbox (as `SELECT hookline.publish(...)`)",
+        description="Write one event to the outbox with the SQL function hookline.publish: every endpoint whose "
+        "event types match gets a delivery (or only --endpoint). Prints the event id (msg_...) and its "
+        "deliveries; `hookline deliveries show ID` follows them.",
+        examples="  hookline publish invoice.paid --data '{\"id\": \"in_1\", \"amount\": 4200}'\n"
+        "  hookline publish invoice.paid --data @invoice.json --endpoint billing\n",
+        environment=ENVIRONMENT)
+    p.add_argument("event_type", help="the event's type, e.g. invoice.paid")
+    p.add_argument("--data", required=True, metavar="JSON",
+                   help="the payload: JSON text, or @FILE to read it from a file (it becomes `data` in the envelope)")
+    p.add_argument("--endpoint", help="send it to this endpoint only (default: every endpoint its type matches)")
+    p.add_argument("--aggregate-type", help="the aggregate's type (ordered endpoints keep each aggregate in order)")
+    p.add_argument("--aggregate-id", help="the aggregate's id, e.g. in_1")
+    _add_common(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hookline",
@@ -454,7 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
                       configure_endpoints_parser, configure_operator_parser, configure_providers_parser,
                       configure_secrets_parser,
                       configure_status_parser, configure_events_parser,
-                      configure_deliveries_parser):
+                      configure_deliveries_parser, configure_send_test_parser, configure_publish_parser):
         configure(subparsers)
     return parser
 
@@ -510,6 +636,28 @@ def _schema_missing(exc: Exception) -> bool:
     return isinstance(exc, missing) and "hookline" in str(exc)
 
 
+# The commands that use the running `hookline dev` when HOOKLINE_DATABASE_URL is unset. Not the services:
+# they take their configuration from their environment only.
+FINDS_DEV_STACK = frozenset({"migrate", "providers", "secrets", "dlq", "endpoints", "status", "events",
+                             "deliveries", "send-test", "publish"})
+
+
+def _use_dev_stack_and_import_path(args: argparse.Namespace) -> None:
+    """The running dev stack (devstack.py) for the commands that look for it; the handler import
+    path (handler_imports.py) for those that import handlers. A problem is one line and exit 2."""
+    from hookline import devstack, handler_imports
+
+    try:
+        if args.command in FINDS_DEV_STACK and (line := devstack.use_dev_stack()):
+            print(line, file=sys.stderr)
+        if hasattr(args, "import_paths") and not getattr(args, "no_import_check", False):
+            handler_imports.extend_sys_path(handler_imports.import_dirs(
+                args.import_paths, working_directory=args.command != "worker"))
+    except ConfigError as exc:
+        print(f"hookline: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, int | None]], int | None]:
     """uvloop where it is installed (it roughly halves the per-request cost of the HTTP
     services), the standard loop otherwise."""
@@ -526,6 +674,7 @@ def main(argv: list[str] | None = None) -> None:
     _check_arguments(parser, args)
     _require_extra(args.command)
     logs.setup(getattr(args, "log_level", None), for_people=args.command == "dev")
+    _use_dev_stack_and_import_path(args)
     if args.command == "operator":
         from hookline_operator.main import run
 
@@ -558,5 +707,7 @@ def main(argv: list[str] | None = None) -> None:
         "status": commands.status,
         "events": commands.events,
         "deliveries": commands.deliveries,
+        "send-test": commands.send_test,
+        "publish": commands.publish,
     }[args.command]
     sys.exit(_run(handler, args))

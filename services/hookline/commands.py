@@ -78,7 +78,10 @@ async def providers_cmd(args: argparse.Namespace) -> int:
             except OSError as exc:
                 return _fail(f"cannot read {args.filename}: {exc.strerror}")
             try:
-                for line in await providers.apply_providers(conn, text):
+                from hookline.handler_imports import handler_problem
+
+                check = None if args.no_import_check else handler_problem
+                for line in await providers.apply_providers(conn, text, check):
                     print(line)
             except SpecError as exc:
                 return _fail(f"{args.filename}: {exc} (nothing was applied)")
@@ -275,6 +278,7 @@ async def relay(args: argparse.Namespace) -> int:
 
 
 async def endpoints_cmd(args: argparse.Namespace) -> int:
+    from hookline.core.status import endpoint_state
     from hookline.relay import endpoints
 
     conn = await _connect()
@@ -291,14 +295,16 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
             print(f"endpoint/{args.name} added")
             if not args.secret:
                 print(f"secret (shown once; verify deliveries with it): {secret}")
+        elif args.action == "update":
+            return await _update_endpoint(conn, args)
         elif args.action == "list":
-            print(f"{'NAME':<20} {'STATE':<9} {'ORDERED':<8} {'EVENT TYPES':<28} {'SECRET':<20} "
+            print(f"{'NAME':<20} {'STATE':<13} {'ORDERED':<8} {'EVENT TYPES':<28} {'SECRET':<20} "
                   f"{'KEPT DONE/DEAD':<15} URL")
             for e in await endpoints.load(conn):
-                state = "disabled" if not e.enabled else str(e.circuit.state)  # closed, open, half_open
+                state = endpoint_state(e.enabled, str(e.circuit.state))
                 secret = endpoints.fingerprint(e.secrets[0]) if e.secrets else "-"
                 kept = f"{_kept(e.done_hours, 'h')}/{_kept(e.dead_days, 'd')}"
-                print(f"{e.name:<20} {state:<9} {'yes' if e.ordered else 'no':<8} "
+                print(f"{e.name:<20} {state:<13} {'yes' if e.ordered else 'no':<8} "
                       f"{','.join(e.event_types):<28} {secret:<20} {kept:<15} {e.url}")
         elif args.action == "set-retention":
             try:
@@ -370,8 +376,11 @@ async def events(args: argparse.Namespace) -> int:
 
 
 async def deliveries(args: argparse.Namespace) -> int:
-    from hookline.core.history import delivery_lines, delivery_records
+    from hookline.core.history import delivery_lines, delivery_records, list_deliveries
 
+    if args.action == "list":
+        return await _history(lambda conn: list_deliveries(conn, endpoint=args.endpoint, status=args.status,
+                                                           limit=args.limit))
     return await _history(lambda conn: _shown(delivery_records(conn, args.id), delivery_lines, args.output,
                                               json_key="deliveries"))
 
@@ -412,3 +421,104 @@ async def dev(args: argparse.Namespace) -> int:
     from hookline.dev import run_dev
 
     return await run_dev(args)
+
+
+async def _update_endpoint(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
+    from hookline.relay import endpoints
+
+    try:
+        found = await endpoints.update(conn, args.name, url=args.url, event_types=args.event_types,
+                                       ordered=args.ordered, max_attempts=args.max_attempts,
+                                       initial_delay=args.retry_initial_delay, max_delay=args.retry_max_delay,
+                                       timeout_seconds=args.timeout)
+    except endpoints.EndpointError as exc:
+        return _fail(str(exc))
+    if not found:
+        return _fail(f"no endpoint named {args.name!r}")
+    print(f"endpoint/{args.name} updated (its deliveries and secret are kept)")
+    return 0
+
+
+def _read_input(path: Path) -> bytes:
+    """A file's bytes, or stdin's for '-'; a ConfigError saying why not."""
+    from hookline.core.config import ConfigError
+
+    try:
+        return sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+
+
+async def send_test(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from hookline import devstack
+    from hookline.core.sample_event import sample_request
+
+    body = _read_input(args.body) if args.body else None
+    secrets_at_rest.required_ring("`hookline send-test` (it signs with the provider's stored secret)")
+    conn = await _connect()
+    try:
+        if not await conn.fetchval(db.query("provider_exists", "commands.sql"), args.provider):
+            return _fail(f"no provider named {args.provider!r} (`hookline providers list` shows them)")
+        provider = (await providers.load_all(conn)).get(args.provider)
+    finally:
+        await conn.close()
+    if provider is None:  # load_all logged why: its spec no longer parses, or its secret does not open
+        return _fail(f"provider {args.provider!r} cannot be loaded: its stored spec no longer parses, or its secret "
+                     f"does not open with the keys in {secrets_at_rest.KEYS_FILE_ENV}")
+    try:
+        request = sample_request(provider, body)
+    except ValueError as exc:
+        return _fail(f"cannot sign for {args.provider!r}: {exc}")
+    stack = devstack.find() if args.url is None else None
+    base = args.url or (stack.receiver_url if stack else devstack.DEFAULT_RECEIVER_URL)
+    print(request.curl(base))
+    try:
+        status, answer = await asyncio.to_thread(_post, request.url(base), request.headers, request.body)
+    except OSError as exc:
+        return _fail(f"cannot reach the receiver at {base}: {getattr(exc, 'reason', exc)} (is `hookline dev` "
+                     "running? --url names another receiver)")
+    print(f"answer: HTTP {status} {answer}")
+    return 0 if 200 <= status < 300 else 1
+
+
+def _post(url: str, headers: dict[str, str], body: bytes) -> tuple[int, str]:
+    """POST and return (status, body text); an HTTP error status is an answer too."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read(4096).decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(4096).decode("utf-8", errors="replace")
+
+
+async def publish(args: argparse.Namespace) -> int:
+    import json
+
+    from hookline import outbox
+
+    text = _read_input(Path(args.data[1:])).decode("utf-8", errors="replace") if args.data.startswith("@") \
+        else args.data
+    try:
+        payload = json.loads(text)
+    except ValueError as exc:
+        return _fail(f"--data is not JSON: {exc}")
+    conn = await _connect()
+    try:
+        async with conn.transaction():
+            event_id = await outbox.publish(conn, args.event_type, payload, aggregate_type=args.aggregate_type,
+                                            aggregate_id=args.aggregate_id, endpoint=args.endpoint)
+            endpoints = await conn.fetchval(db.query("endpoints_of_event", "commands.sql"), event_id)
+    except asyncpg.InvalidParameterValueError as exc:  # hookline.publish's own checks: no such endpoint, ...
+        return _fail(str(exc).removeprefix("hookline.publish: "))
+    finally:
+        await conn.close()
+    print(f"published {event_id} ({args.event_type}) to {len(endpoints)} endpoint"
+          f"{'' if len(endpoints) == 1 else 's'}{': ' + ', '.join(endpoints) if endpoints else ''}")
+    if not endpoints:
+        print("hookline: warning: no endpoint's event types match; nothing will be delivered", file=sys.stderr)
+    return 0

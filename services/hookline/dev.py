@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.resources
-import json
 import logging
 import os
 import shlex
+import shutil
 import socket
 import sys
-import time
-import uuid
 from pathlib import Path
 from typing import Protocol
 
+from hookline import devstack
 from hookline.core import db, migrations, secrets_at_rest, stored_secrets
 from hookline.core.config import ConfigError
 from hookline.core.dedicated import DedicatedConnection
@@ -23,7 +23,8 @@ from hookline.core.embedded import EmbeddedPostgres, free_port
 from hookline.core.http import run_until_stopped
 from hookline.core.listener import Listener
 from hookline.core.providers import Provider, ProviderRegistry, SpecError, apply_providers
-from hookline.core.signatures import get_scheme
+from hookline.core.sample_event import sample_request
+from hookline.handler_imports import handler_problem
 
 log = logging.getLogger("hookline.dev")
 
@@ -54,20 +55,11 @@ async def _ensure_database(server_url: str) -> None:
 
 
 def curl_example(receiver_url: str, provider: Provider) -> str | None:
-    """A ready-to-paste curl command carrying a valid signature for ``provider``."""
+    """A ready-to-paste curl command carrying a valid signature for ``provider`` (a new event,
+    valid for the provider's toleranceSeconds where its scheme signs a timestamp)."""
     if not provider.signature.secrets and provider.signature.scheme != "none":
         return None
-    body = json.dumps({"id": f"evt_{uuid.uuid4().hex[:12]}", "type": "example.created",
-                       "data": {"hello": "world"}}, separators=(",", ":")).encode()
-    headers = get_scheme(provider.signature.scheme).sign(
-        provider.signature, body, msg_id=f"msg_{uuid.uuid4().hex[:12]}", timestamp=int(time.time())
-    )
-    parts = ["curl", "-sS", "-X", "POST", f"{receiver_url}/webhooks/{provider.name}",
-             "-H", "content-type: application/json"]
-    for key, value in headers.items():
-        parts += ["-H", f"{key}: {value}"]
-    parts += ["--data-raw", body.decode()]
-    return " ".join(shlex.quote(p) for p in parts)
+    return sample_request(provider).curl(receiver_url)
 
 
 async def _prepare_database(url: str, providers_file: Path | None) -> None:
@@ -82,7 +74,7 @@ async def _prepare_database(url: str, providers_file: Path | None) -> None:
         else:
             text = importlib.resources.files("hookline.examples").joinpath("providers.yaml").read_text()
         try:
-            for line in await apply_providers(conn, text):
+            for line in await apply_providers(conn, text, handler_problem):
                 print(line, flush=True)
         except SpecError as exc:
             raise ConfigError(f"{providers_file or 'example providers'}: {exc}") from None
@@ -96,9 +88,38 @@ def _print_welcome(receiver_url: str, database_url: str, registry: ProviderRegis
     for provider in registry.all().values():
         example = curl_example(receiver_url, provider)
         if example:
-            print(f"Send a signed test event to '{provider.name}' (valid for "
-                  f"{provider.signature.tolerance_seconds} s):\n  {example}\n", flush=True)
+            print(f"Send a signed test event to '{provider.name}' (this one is valid for "
+                  f"{provider.signature.tolerance_seconds} s; `hookline send-test {provider.name}` sends a new "
+                  f"one any time):\n  {example}\n", flush=True)
+    print(_cli_hint(database_url), flush=True)
     print("Press Ctrl-C to stop.", flush=True)
+
+
+def _cli_hint(database_url: str) -> str:
+    """How another shell's `hookline` reaches this stack: on PATH, and its database."""
+    data_dir = Path(os.environ.get(devstack.DATA_DIR_ENV, devstack.DEFAULT_DATA_DIR))
+    where = "from this directory" if data_dir == devstack.DEFAULT_DATA_DIR.resolve() else \
+        f"with {devstack.DATA_DIR_ENV}={shlex.quote(str(data_dir))}"
+    lines = [f"In another shell, {where}, every `hookline` command finds this stack (with "
+             "HOOKLINE_DATABASE_URL unset);"]
+    if not _on_path():
+        activate = Path(sys.prefix) / "bin" / "activate"
+        with contextlib.suppress(ValueError):
+            activate = activate.relative_to(Path.cwd())
+        lines[0] += f" put `hookline` on PATH first:\n  . {shlex.quote(str(activate))}"
+    else:
+        lines[0] += " e.g.:"
+    lines += ["  hookline status", "From anywhere else:",
+              f"  export HOOKLINE_DATABASE_URL={shlex.quote(database_url)}",
+              f"  export {secrets_at_rest.KEYS_FILE_ENV}="
+              f"{shlex.quote(os.environ.get(secrets_at_rest.KEYS_FILE_ENV, ''))}", ""]
+    return "\n".join(lines)
+
+
+def _on_path() -> bool:
+    """Whether `hookline` on PATH is this interpreter's."""
+    found = shutil.which("hookline")
+    return found is not None and Path(found).resolve().parent == (Path(sys.prefix) / "bin").resolve()
 
 
 async def _run_stack(args: argparse.Namespace, url: str) -> None:
@@ -181,7 +202,12 @@ async def run_dev(args: argparse.Namespace) -> int:
         await _ensure_database(server.url)
         url = server.url_for(DATABASE)
         await _prepare_database(url, args.providers)
-        await _run_stack(args, url)
+        devstack.record(data_dir, url, devstack.receiver_url(args.host, args.port), keys_file)
+        os.environ[devstack.DATA_DIR_ENV] = str(data_dir)  # for the banner's hint
+        try:
+            await _run_stack(args, url)
+        finally:
+            devstack.forget(data_dir)
     finally:
         await asyncio.to_thread(server.stop)
         print("stopped.", flush=True)

@@ -20,8 +20,9 @@ class ServiceProcess:
     """``python -m hookline <args>`` with HOOKLINE_DATABASE_URL set, logging to a file."""
 
     def __init__(self, args: list[str], database_url: str, log_dir: Path, *, port: int | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         self.args = args
+        self.cwd = cwd
         self.port = port
         self.log_path = log_dir / f"{args[0]}-{time.monotonic_ns()}.log"
         self.env = {**os.environ, "HOOKLINE_DATABASE_URL": database_url, "HOOKLINE_LOG_FORMAT": "text",
@@ -34,7 +35,7 @@ class ServiceProcess:
 
     def start(self, wait_path: str | None = "/healthz", timeout: float = 30.0) -> ServiceProcess:
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "hookline", *self.args], env=self.env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "hookline", *self.args], env=self.env, cwd=self.cwd,
                                      stdout=log, stderr=subprocess.STDOUT)
         if wait_path and self.port:
             deadline = time.monotonic() + timeout

@@ -12,6 +12,7 @@ for people, or JSON (``event_record`` / ``delivery_records``) for scripts.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -72,13 +73,30 @@ async def list_events(conn: asyncpg.Connection, *, provider: str | None = None, 
     if status is not None and status not in STATUSES:
         raise HistoryError(f"--status must be one of {', '.join(STATUSES)}, not {status!r}")
     rows = await conn.fetch(db.query("list_events", "history.sql"), provider, status, since, limit)
-    lines = [f"{'ID':>10} {'PROVIDER':<16} {'EVENT ID':<36} {'TYPE':<28} {'STATUS':<10} {'ATTEMPTS':>8}  "
-             "RECEIVED AT                LAST ERROR"]
-    for r in rows:
-        lines.append(f"{r['id']:>10} {r['provider']:<16} {r['event_id']:<36} {(r['event_type'] or '-'):<28} "
-                     f"{r['status']:<10} {r['attempts']:>8}  {_time(r['received_at']):<26} "
-                     f"{(r['last_error'] or '')[:80]}")
-    return lines
+    return _table(("ID", "PROVIDER", "EVENT ID", "TYPE", "STATUS", "ATTEMPTS", "RECEIVED AT", "LAST ERROR"),
+                  [(str(r["id"]), r["provider"], r["event_id"], r["event_type"] or "-", r["status"],
+                    str(r["attempts"]), _time(r["received_at"]), (r["last_error"] or "")[:80]) for r in rows],
+                  right={0, 5})
+
+
+DELIVERY_STATUSES = (*STATUSES, "parked")
+
+
+async def list_deliveries(conn: asyncpg.Connection, *, endpoint: str | None = None, status: str | None = None,
+                          limit: int = 50) -> list[str]:
+    """`hookline deliveries list`: the newest deliveries first."""
+    if status is not None and status not in DELIVERY_STATUSES:
+        raise HistoryError(f"--status must be one of {', '.join(DELIVERY_STATUSES)}, not {status!r}")
+    rows = await conn.fetch(db.query("list_deliveries", "history.sql"), endpoint, status, limit)
+    return _table(("ID", "ENDPOINT", "EVENT ID", "TYPE", "STATUS", "ATTEMPTS", "CREATED AT", "LAST ANSWER"),
+                  [(str(r["id"]), r["endpoint"], r["event_id"], r["event_type"], r["status"], str(r["attempts"]),
+                    _time(r["created_at"]), _last_answer(r["last_status"], r["last_error"])) for r in rows],
+                  right={0, 5})
+
+
+def _last_answer(status: int | None, error: str | None) -> str:
+    """The last error (which names its HTTP status), else the last status."""
+    return (error or "")[:80] or (f"HTTP {status}" if status else "-")
 
 
 EVENT_FIELDS = ("event_type", "entity_key", "status", "attempts", "received_at", "next_attempt_at", "processed_at",
@@ -126,7 +144,7 @@ def event_lines(event: dict[str, Any]) -> list[str]:
                        ("attempts", "attempts"), ("received", "received_at"), ("next attempt", "next_attempt_at"),
                        ("finished", "processed_at"), ("leased by", "locked_by"), ("lease until", "lease_expires_at"),
                        ("deferred since", "deferred_since"), ("last error", "last_error")):
-        if event[key] is not None:
+        if event[key] is not None and _shown_for(event["status"], key):
             lines.append(f"  {label + ':':<16}{event[key]}")
     if event["suspect"]:
         lines.append(f"  {'suspect:':<16}yes (its last lease expired: it runs alone)")
@@ -147,8 +165,9 @@ def delivery_lines(deliveries: list[dict[str, Any]]) -> list[str]:
                            ("leased by", "locked_by"), ("last status", "last_status"),
                            ("last latency", "last_latency_ms"), ("last error", "last_error"),
                            ("last response", "last_response")):
-            if d[key] is not None and d[key] != "":
-                lines.append(f"  {label + ':':<16}{str(d[key])[:200]}")
+            if d[key] is not None and d[key] != "" and _shown_for(d["status"], key):
+                value = _duration(d[key]) if key == "last_latency_ms" else str(d[key])
+                lines.append(f"  {label + ':':<16}{value[:200]}")
         if d["aggregate_id"] is not None:
             lines.append(f"  {'aggregate:':<16}{d['aggregate_type'] or ''}:{d['aggregate_id']}")
         lines.append(f"  {'payload:':<16}{d['payload_preview']}")
@@ -175,15 +194,44 @@ async def _attempts(conn: asyncpg.Connection, queue: str, row_id: int, created: 
             for a in await conn.fetch(db.query("attempts_of", "history.sql"), queue, row_id, created)]
 
 
+def _shown_for(status: str, key: str) -> bool:
+    """A next attempt is a pending row's; a finished one has none to show."""
+    return key != "next_attempt_at" or status == "pending"
+
+
 def _attempt_lines(attempts: list[dict[str, Any]]) -> list[str]:
     if not attempts:
         return ["attempts: none logged"]
-    lines = [f"attempts:\n  {'#':>3}  {'AT':<26} {'OUTCOME':<8} {'WORKER':<32} {'HTTP':>4} {'MS':>7}  ERROR"]
-    for a in attempts:
-        latency = _milliseconds(a["latency_ms"])
-        lines.append(f"  {a['attempt']:>3}  {a['at']:<26} {a['outcome']:<8} {(a['worker'] or '-'):<32} "
-                     f"{a['http_status'] or '-':>4} {latency:>7}  {(a['error'] or '')[:120]}")
-    return lines
+    rows = [(str(a["attempt"]), a["at"], a["outcome"], a["worker"] or "-", str(a["http_status"] or "-"),
+             _milliseconds(a["latency_ms"]), (a["error"] or "")[:120]) for a in attempts]
+    header, *lines = _table(("#", "AT", "OUTCOME", "WORKER", "HTTP", "MS", "ERROR"), rows, right={0, 4, 5},
+                            indent="  ", min_widths={0: 3})
+    # A replay starts the count again: say so where it does, or "1" after "3" reads as a mistake.
+    for at in reversed([i for i in range(1, len(attempts)) if attempts[i]["attempt"] <= attempts[i - 1]["attempt"]]):
+        lines.insert(at, "  -- replayed: attempts count from 1 again --")
+    return ["attempts:", header, *lines]
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], *, right: set[int], indent: str = "",
+           min_widths: dict[int, int] | None = None) -> list[str]:
+    """A header and rows, each column as wide as its widest cell (``right``: right-aligned columns), two
+    spaces apart; the last column is not padded."""
+    widths = [max([len(header[i]), (min_widths or {}).get(i, 0), *(len(r[i]) for r in rows)])
+              for i in range(len(header))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        padded = [cell.rjust(width) if i in right else cell.ljust(width)
+                  for i, (cell, width) in enumerate(zip(cells, widths, strict=True))]
+        return (indent + "  ".join([*padded[:-1], cells[-1]])).rstrip()
+
+    return [line(header), *(line(r) for r in rows)]
+
+
+def _duration(milliseconds: float) -> str:
+    """A latency for people, with its unit: 3.7 s, 120 ms, 4.2 ms."""
+    if milliseconds >= 1000:
+        return f"{milliseconds / 1000:.1f} s"
+    return f"{_milliseconds(milliseconds)} ms"
 
 
 def _milliseconds(value: float | None) -> str:

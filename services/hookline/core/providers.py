@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -106,12 +106,15 @@ async def delete(conn: asyncpg.Connection, name: str) -> bool:
     return False
 
 
-async def apply_providers(conn: asyncpg.Connection, text: str) -> list[str]:
+async def apply_providers(conn: asyncpg.Connection, text: str,
+                          handler_problem: Callable[[str], str | None] | None = None) -> list[str]:
     """Store every WebhookProvider document of a providers file, all or none.
 
-    Every document is validated before the transaction commits. Returns lines to show
-    the user. A document without ``signature.secrets`` keeps the provider's stored
-    secrets, or gets a generated one (shown once) when it has none.
+    Every document is validated before the transaction commits; with ``handler_problem``
+    (the CLI's import check: why a ``module:function`` cannot run, or None) a handler that
+    cannot run is refused too. Returns lines to show the user. A document without
+    ``signature.secrets`` keeps the provider's stored secrets, or gets a generated one
+    (shown once) when it has none.
     """
     docs = load_documents(text)
     if not docs:
@@ -119,11 +122,12 @@ async def apply_providers(conn: asyncpg.Connection, text: str) -> list[str]:
     report: list[str] = []
     async with conn.transaction():
         for name, raw_spec in docs:
-            report += await _apply_document(conn, name, raw_spec)
+            report += await _apply_document(conn, name, raw_spec, handler_problem)
     return report
 
 
-async def _apply_document(conn: asyncpg.Connection, name: str, raw_spec: Mapping[str, Any]) -> list[str]:
+async def _apply_document(conn: asyncpg.Connection, name: str, raw_spec: Mapping[str, Any],
+                          handler_problem: Callable[[str], str | None] | None) -> list[str]:
     report: list[str] = []
     spec, secrets = split_file_secrets(raw_spec)
     if secrets is None:
@@ -133,9 +137,11 @@ async def _apply_document(conn: asyncpg.Connection, name: str, raw_spec: Mapping
     else:
         stored = [{"value": s, "notAfter": None} for s in secrets]
     try:
-        parse_provider(name, spec, active_secrets(stored))
+        provider = parse_provider(name, spec, active_secrets(stored))
     except SpecError as exc:
         raise SpecError(f"{name}: {exc}") from None
+    if provider.handler and handler_problem and (problem := handler_problem(provider.handler)):
+        raise SpecError(f"{name}: spec.handler {provider.handler!r} cannot be run by the worker: {problem}")
     destination_secret = await upsert(conn, name, spec, stored)
     report.append(f"provider/{name} applied")
     if destination_secret and spec.get("destination"):

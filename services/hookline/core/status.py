@@ -127,16 +127,24 @@ def render_table(status: Status) -> str:
     if not status.providers:
         lines.append("(no providers)")
     lines.append("")
-    lines.append(f"{'ENDPOINT':<24} {'STATE':<9} {'PENDING':>7} {'PARKED':>7} {'DEAD':>6}  LAST RESPONSE")
+    lines.append(f"{'ENDPOINT':<24} {'STATE':<13} {'PENDING':>7} {'PARKED':>7} {'DEAD':>6}  LAST RESPONSE")
     for e in status.endpoints:
-        state = e.circuit if e.enabled else "disabled"
-        lines.append(f"{e.name:<24} {state:<9} {e.pending:>7} {e.parked:>7} {e.dead:>6}  {_last_response(e)}")
+        state = endpoint_state(e.enabled, e.circuit)
+        lines.append(f"{e.name:<24} {state:<13} {e.pending:>7} {e.parked:>7} {e.dead:>6}  {_last_response(e)}")
     if not status.endpoints:
         lines.append("(no endpoints)")
     lines.append("")
     problems = status.problems()
     lines.append("healthy" if not problems else "UNHEALTHY:\n" + "\n".join(f"  - {p}" for p in problems))
     return "\n".join(lines)
+
+
+def endpoint_state(enabled: bool, circuit: str) -> str:
+    """An endpoint's state as `endpoints list` and `status` show it (``-o json`` keeps the circuit's
+    own names: closed, open, half_open)."""
+    if not enabled:
+        return "disabled"
+    return {"closed": "healthy", "open": "circuit open", "half_open": "probing"}.get(circuit, circuit)
 
 
 def _age(seconds: float) -> str:

@@ -131,6 +131,25 @@ async def add(conn: asyncpg.Connection, name: str, url: str, *, event_types: Seq
     return secret
 
 
+async def update(conn: asyncpg.Connection, name: str, *, url: str | None = None,
+                 event_types: Sequence[str] | None = None, ordered: bool | None = None,
+                 max_attempts: int | None = None, initial_delay: float | None = None, max_delay: float | None = None,
+                 timeout_seconds: float | None = None) -> bool:
+    """Change an endpoint in place (None keeps a value), validated as ``add`` validates; its
+    deliveries, secrets and circuit stay. False when there is no such endpoint."""
+    validate(name, url or "https://placeholder.invalid/", event_types or (), None)
+    if event_types is not None and not event_types:
+        raise EndpointError("give at least one --event-type ('*' for all)")
+    async with conn.transaction():
+        sane = await conn.fetchval(outbox.query("update_endpoint"), name, url,
+                                   list(event_types) if event_types is not None else None, ordered, max_attempts,
+                                   initial_delay, max_delay, timeout_seconds)
+        if sane is False:
+            raise EndpointError("the first retry delay would exceed the longest: give --retry-max-delay "
+                                "at least --retry-initial-delay (nothing was changed)")
+    return sane is not None
+
+
 async def load(conn: asyncpg.Connection | asyncpg.Pool) -> list[Endpoint]:
     """Every endpoint; one whose secrets do not open (its key is not in the key file) is logged, without
     them, and left out: its deliveries wait rather than fail. A bad key file is a SecretKeyError."""

@@ -635,7 +635,7 @@ class Processor:
         error = truncate_error(error, [*provider.signature.secrets, provider.destination_secret or ""])
         if permanent or event.attempts >= provider.retry.max_attempts:
             if not permanent:
-                error = f"gave up after {event.attempts} attempts: {error}"
+                error = f"gave up after {event.attempts} attempt{'' if event.attempts == 1 else 's'}: {error}"
             if not await INBOX.bury(conn, event.id, event.attempts, self.worker_id, error):
                 return Outcome(Result.LOST)
             return Outcome(Result.DEAD, error)

@@ -38,3 +38,14 @@ SELECT d.id, d.endpoint, d.status, d.attempts, d.next_attempt_at, d.processed_at
 FROM hookline.deliveries AS d JOIN hookline.outbox AS o ON o.id = d.outbox_id
 WHERE d.id = $1::bigint OR d.outbox_id = (SELECT id FROM hookline.outbox WHERE event_id = $2::text)
 ORDER BY d.id;
+
+-- name: list_deliveries
+-- The newest deliveries first, filtered by endpoint ($1) and status ($2), both
+-- optional. Walks the deliveries' primary key backwards and stops at $3 rows.
+SELECT d.id, d.endpoint, d.status, d.attempts, d.created_at, d.last_status, d.last_error,
+       o.event_id, o.event_type
+FROM hookline.deliveries AS d JOIN hookline.outbox AS o ON o.id = d.outbox_id
+WHERE ($1::text IS NULL OR d.endpoint = $1)
+  AND ($2::text IS NULL OR d.status = $2)
+ORDER BY d.id DESC
+LIMIT $3;

@@ -240,3 +240,14 @@ SET secrets = jsonb_build_array(jsonb_build_object('value', $2::text, 'notAfter'
         WHERE s->>'notAfter' IS NULL OR (s->>'notAfter')::timestamptz > now()), '[]'::jsonb)
 WHERE name = $1
 RETURNING name;
+
+-- name: update_endpoint
+-- `hookline endpoints update`: each NULL keeps its column; deliveries, secrets and the
+-- circuit stay. sane: the merged retry delays still make sense (the caller rolls back
+-- otherwise). The endpoints_changed trigger tells the relays.
+UPDATE hookline.endpoints
+SET url = coalesce($2, url), event_types = coalesce($3, event_types), ordered = coalesce($4, ordered),
+    max_attempts = coalesce($5, max_attempts), initial_delay_seconds = coalesce($6, initial_delay_seconds),
+    max_delay_seconds = coalesce($7, max_delay_seconds), timeout_seconds = coalesce($8, timeout_seconds)
+WHERE name = $1
+RETURNING initial_delay_seconds <= max_delay_seconds AS sane;
