@@ -43,6 +43,9 @@ def register(interval: float) -> kopf.OperatorRegistry:
     """Every handler in a registry of its own, the timers at ``interval`` seconds (--interval)."""
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
+    # A registry of our own has none of kopf's default logins: ours is the kubernetes client's
+    # (KUBECONFIG, or the in-cluster service account), as kube.py's calls use.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
     kopf.on.startup(registry=registry)(apiserver_probe.start_probe)
     kopf.on.startup(registry=registry)(startup)
     kopf.on.cleanup(registry=registry)(apiserver_probe.stop_probe)
