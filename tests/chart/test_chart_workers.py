@@ -199,6 +199,24 @@ def test_the_chart_counts_connections_as_the_services_size_their_pools(values: O
     assert chart_arithmetic(values) == (fixed_connections(values), pools.worker(worker_concurrency))
 
 
+def test_the_readme_example_is_the_default_arithmetic() -> None:
+    text = " ".join((CHART / "README.md").read_text().split())
+    found = re.search(r"With the defaults that is ([\d x+]+) = (\d+) before any worker; `maxConnections: (\d+)` "
+                      r"leaves (\d+), i\.e\. (\w+) worker pods", text)
+    assert found, "the chart README's connection budget example is gone"
+    receiver, relay = DEFAULTS["receiver"], DEFAULTS["relay"]
+    assert found[1].split(" + ") == [
+        f"{receiver['replicas'] + 1} x {pools.receiver(receiver['dbConnections'])}",
+        f"{relay['replicas'] + 1} x {pools.relay(relay['concurrency'])}",
+        str(pools.OPERATOR),
+        str(MIGRATE_JOB),
+    ]
+    fixed, maximum, left = fixed_connections({}), int(found[3]), int(found[4])
+    assert int(found[2]) == fixed and left == maximum - fixed
+    words = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+    assert found[5] == words[left // pools.worker(DEFAULTS["worker"]["concurrency"])]
+
+
 @pytest.mark.parametrize("values", [
     {},
     {"receiver": {"replicas": 4, "dbConnections": 8}, "relay": {"replicas": 2, "concurrency": 8}},
