@@ -9,7 +9,7 @@ STAMP   = $(VENV)/.installed-$(HASH)
 RUN_STAMP = $(VENV)/.installed-run-$(HASH)
 ARGS   ?=
 
-.PHONY: run test lint typecheck pytest schema docs bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images clean help
+.PHONY: run test lint typecheck pytest schema docs chart-docs crds helm-docs bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -44,7 +44,7 @@ lint: $(STAMP)  ## ruff
 typecheck: $(STAMP)  ## mypy --strict on the project's packages
 	$(BIN)/mypy
 
-pytest: $(STAMP) envtest prometheus cluster images  ## the test suite (real Postgres, real processes, a real kube-apiserver, Prometheus and pods on a local cluster)
+pytest: $(STAMP) envtest helm-docs prometheus cluster images  ## the test suite (real Postgres, real processes, a real kube-apiserver, Prometheus and pods on a local cluster)
 	$(BIN)/pytest $(ARGS)
 
 schema: $(STAMP)  ## rewrite services/hookline/core/sql/schema.sql, the current schema as one file, from the migrations
@@ -53,11 +53,25 @@ schema: $(STAMP)  ## rewrite services/hookline/core/sql/schema.sql, the current 
 docs: $(STAMP)  ## rewrite docs/provider-spec.md from the CRD (crds/) and the signature schemes; tests/test_specdoc.py checks it
 	PYTHONPATH=tests $(BIN)/python -m support.specdoc
 
+chart-docs: $(STAMP) helm-docs  ## rewrite charts/hookline/README.md from its README.md.gotmpl and the `# --` comments in values.yaml (helm-docs)
+	PYTHONPATH=tests $(BIN)/python -m support.chartdocs
+
+crds:  ## copy crds/ (the CRD's one source) into the chart's files/crds/ (a copy: Helm logs a line for every symlink in a chart)
+	rm -f charts/hookline/files/crds/*.yaml
+	cp crds/*.yaml charts/hookline/files/crds/
+
 envtest:  ## build etcd, kube-apiserver and kubectl once per machine (cached in ~/.cache/hookline/envtest)
 	@if command -v go >/dev/null 2>&1 || [ -n "$$KUBEBUILDER_ASSETS" ]; then \
 		nice -n 19 tests/envtest/build.sh; \
 	else \
 		echo "envtest: no Go toolchain; Kubernetes tests will be skipped (HOOKLINE_REQUIRE_K8S=1 makes that an error)"; \
+	fi
+
+helm-docs:  ## build helm-docs once per machine (cached in ~/.cache/hookline/helm-docs), for `make chart-docs` and its test
+	@if command -v go >/dev/null 2>&1; then \
+		nice -n 19 tests/chart/build-helm-docs.sh; \
+	else \
+		echo "helm-docs: no Go toolchain; the chart README test will be skipped (HOOKLINE_REQUIRE_K8S=1 makes that an error)"; \
 	fi
 
 prometheus:  ## prometheus and promtool from PATH, or built once per machine (cached in ~/.cache/hookline/prometheus)

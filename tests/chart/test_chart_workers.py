@@ -4,13 +4,24 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-from chartkit import MINIMAL, Obj, Rendered, deep_merge, render, render_default, validate_values
+from chartkit import (
+    CHART,
+    MINIMAL,
+    Obj,
+    Rendered,
+    deep_merge,
+    load_values,
+    render,
+    render_default,
+    validate_values,
+)
 from test_chart_render import K8S_VERSION
 
 from hookline.core import pools
@@ -133,14 +144,77 @@ def test_no_template_without_the_operator() -> None:
 # -- the connection budget ---------------------------------------------------------------------
 
 
+DEFAULTS = load_values(CHART / "values.yaml")
+MIGRATE_JOB = 1  # `hookline migrate` holds one connection of its own, no pool
+
+
 def fixed_connections(values: Obj) -> int:
-    """database.maxConnections' documented sum, from the pool sizes the services really use."""
-    receiver, relay = values.get("receiver", {}), values.get("relay", {})
-    autoscaling = receiver.get("autoscaling", {})
-    receiver_pods = (autoscaling.get("maxReplicas", 10) if autoscaling.get("enabled") else receiver.get("replicas", 2))
-    total = (receiver_pods + 1) * pools.receiver(receiver.get("dbConnections", 4))
-    total += (relay.get("replicas", 1) + 1) * pools.relay(relay.get("concurrency", 64))
-    return total + pools.OPERATOR + 1  # + the migration Job's one connection
+    """database.maxConnections' documented sum, from the pool sizes the services really use: each
+    Deployment's replicas plus its one surge pod, times its pool; the operator's; the migrate Job's."""
+    v = deep_merge(DEFAULTS, values)
+    receiver, relay, autoscaling = v["receiver"], v["relay"], v["receiver"]["autoscaling"]
+    receiver_pods = autoscaling["maxReplicas"] if autoscaling["enabled"] else receiver["replicas"]
+    total = (receiver_pods + 1) * pools.receiver(receiver["dbConnections"])
+    if relay["enabled"]:
+        total += (relay["replicas"] + 1) * pools.relay(relay["concurrency"])
+    if v["operator"]["enabled"]:
+        total += pools.OPERATOR
+    if v["migrate"]["enabled"]:
+        total += MIGRATE_JOB
+    return total
+
+
+def chart_arithmetic(values: Obj) -> tuple[int, int]:
+    """(fixed connections, one worker pod's) as the chart's templates count them, read from the error
+    with which a budget of one connection fails the install."""
+    with pytest.raises(helm.HelmError) as caught:
+        render(deep_merge(MINIMAL, deep_merge(values, {"database": {"maxConnections": 1}})))
+    found = re.search(r"may hold (\d+) connections, and one worker pod needs (\d+)", str(caught.value))
+    assert found, str(caught.value)
+    return int(found[1]), int(found[2])
+
+
+# Each number of the chart's arithmetic (_helpers.tpl) moved on its own: the surge pod, each pool's
+# extra connections, the relay's cap from both sides, each optional part switched off.
+ARITHMETIC_CASES = {
+    "default": {},
+    "receiver-sized": {"receiver": {"replicas": 4, "dbConnections": 9}},
+    "receiver-none": {"receiver": {"replicas": 0, "dbConnections": 1}},
+    "autoscaled": {"receiver": {"replicas": 3, "autoscaling": {"enabled": True, "maxReplicas": 6}}},
+    "relay-below-cap": {"relay": {"replicas": 3, "concurrency": 15}},
+    "relay-at-cap": {"relay": {"concurrency": 16}},
+    "relay-above-cap": {"relay": {"replicas": 0, "concurrency": 17}},
+    "relay-one": {"relay": {"concurrency": 1}},
+    "no-relay": {"relay": {"enabled": False}},
+    "no-operator": {"operator": {"enabled": False}},
+    "no-migrate": {"migrate": {"enabled": False}},
+    "small-workers": {"worker": {"concurrency": 1}},
+    "large-workers": {"worker": {"concurrency": 40}},
+}
+
+
+@pytest.mark.parametrize("values", ARITHMETIC_CASES.values(), ids=ARITHMETIC_CASES.keys())
+def test_the_chart_counts_connections_as_the_services_size_their_pools(values: Obj) -> None:
+    worker_concurrency = deep_merge(DEFAULTS, values)["worker"]["concurrency"]
+    assert chart_arithmetic(values) == (fixed_connections(values), pools.worker(worker_concurrency))
+
+
+def test_the_readme_example_is_the_default_arithmetic() -> None:
+    text = " ".join((CHART / "README.md").read_text().split())
+    found = re.search(r"With the defaults that is ([\d x+]+) = (\d+) before any worker; `maxConnections: (\d+)` "
+                      r"leaves (\d+), i\.e\. (\w+) worker pods", text)
+    assert found, "the chart README's connection budget example is gone"
+    receiver, relay = DEFAULTS["receiver"], DEFAULTS["relay"]
+    assert found[1].split(" + ") == [
+        f"{receiver['replicas'] + 1} x {pools.receiver(receiver['dbConnections'])}",
+        f"{relay['replicas'] + 1} x {pools.relay(relay['concurrency'])}",
+        str(pools.OPERATOR),
+        str(MIGRATE_JOB),
+    ]
+    fixed, maximum, left = fixed_connections({}), int(found[3]), int(found[4])
+    assert int(found[2]) == fixed and left == maximum - fixed
+    words = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+    assert found[5] == words[left // pools.worker(DEFAULTS["worker"]["concurrency"])]
 
 
 @pytest.mark.parametrize("values", [

@@ -327,20 +327,33 @@ pod:
         {{- end }}
 {{- end }}
 
+{{/* Each process's most connections, named as in hookline.core.pools (where the services size
+their pools): tests/chart checks the chart's sums against those functions for every number here. */}}
+{{- define "hookline.pools" -}}
+receiverExtra: 2   {{- /* pools.RECEIVER_EXTRA */}}
+relayCap: 16       {{- /* pools.RELAY_CAP */}}
+relayExtra: 4      {{- /* pools.RELAY_EXTRA */}}
+operator: 5        {{- /* pools.OPERATOR */}}
+migrateJob: 1      {{- /* hookline migrate: one connection, no pool */}}
+workerExtra: 5     {{- /* pools.WORKER_EXTRA */}}
+{{- end }}
+
 {{/* Connections the fixed part of a release may hold at once (database.maxConnections explains the
-sum); tests/chart checks it against hookline.core.pools, where the services size their pools. */}}
+sum): each Deployment's replicas plus its one surge pod, times what one pod holds. */}}
 {{- define "hookline.fixedConnections" -}}
+{{- $pools := include "hookline.pools" . | fromYaml -}}
 {{- $r := .Values.receiver -}}
 {{- $receiverPods := add1 (int (ternary $r.autoscaling.maxReplicas $r.replicas $r.autoscaling.enabled)) -}}
-{{- $total := mul $receiverPods (add (int $r.dbConnections) 2) -}}
+{{- $total := mul $receiverPods (add (int $r.dbConnections) $pools.receiverExtra) -}}
 {{- if .Values.relay.enabled }}
-{{- $total = add $total (mul (add1 (int .Values.relay.replicas)) (add (min (int .Values.relay.concurrency) 16) 4)) -}}
+{{- $relayPod := add (min (int .Values.relay.concurrency) $pools.relayCap) $pools.relayExtra -}}
+{{- $total = add $total (mul (add1 (int .Values.relay.replicas)) $relayPod) -}}
 {{- end }}
 {{- if .Values.operator.enabled }}
-{{- $total = add $total 5 -}}
+{{- $total = add $total $pools.operator -}}
 {{- end }}
 {{- if .Values.migrate.enabled }}
-{{- $total = add $total 1 -}}
+{{- $total = add $total $pools.migrateJob -}}
 {{- end }}
 {{- $total -}}
 {{- end }}
@@ -349,7 +362,7 @@ sum); tests/chart checks it against hookline.core.pools, where the services size
 {{- define "hookline.workerConnectionBudget" -}}
 {{- $max := int .Values.database.maxConnections -}}
 {{- $fixed := int (include "hookline.fixedConnections" .) -}}
-{{- $perWorker := add (int .Values.worker.concurrency) 5 -}}
+{{- $perWorker := add (int .Values.worker.concurrency) (include "hookline.pools" . | fromYaml).workerExtra -}}
 {{- if lt (sub $max $fixed) $perWorker }}
 {{- fail (printf "database.maxConnections=%d leaves no room for a worker pod: receiver, relay, operator and migrations may hold %d connections, and one worker pod needs %d (worker.concurrency + 5); raise database.maxConnections or lower the replicas or pool sizes" $max $fixed $perWorker) }}
 {{- end }}
