@@ -2,7 +2,8 @@
 
 ``await eventually(check, what=...)`` in async tests (the event loop keeps running between
 looks), ``eventually_sync`` in plain tests. A check may be sync or async, an exception it raises
-counts as "not yet", and a timeout fails the test with ``what`` and the last value seen. Negative
+counts as "not yet" (unless ``ignoring`` says otherwise: then it ends the wait at once), and a
+timeout fails the test with ``what`` and the last value seen. Negative
 checks wait the same way for the event after which the forbidden thing would have happened (a
 completed tick, a lock waiter, a counted outcome) and then assert it did not.
 """
@@ -66,9 +67,10 @@ class _Polling:
 
 
 async def eventually(check: Callable[[], T | Awaitable[T]], *, what: str | None = None, timeout: float = TIMEOUT,
-                     interval: float = INTERVAL, equals: object = _TRUTHY) -> T:
+                     interval: float = INTERVAL, equals: object = _TRUTHY,
+                     ignoring: tuple[type[Exception], ...] = (Exception,)) -> T:
     """Look at ``check()`` (awaited when it returns an awaitable) until its value is truthy, or
-    ``== equals`` when given; return that value."""
+    ``== equals`` when given; return that value. Exceptions of the ``ignoring`` types mean "not yet"."""
     polling = _Polling(check, what, timeout, interval, equals)
     while True:
         polling.looked_at = time.monotonic()
@@ -78,13 +80,14 @@ async def eventually(check: Callable[[], T | Awaitable[T]], *, what: str | None 
                 value = await value
             if polling.met(value):
                 return value  # type: ignore[return-value]
-        except Exception as exc:
+        except ignoring as exc:
             polling.failed(exc)
         await asyncio.sleep(polling.pause())
 
 
 def eventually_sync(check: Callable[[], T], *, what: str | None = None, timeout: float = TIMEOUT,
-                    interval: float = INTERVAL, equals: object = _TRUTHY) -> T:
+                    interval: float = INTERVAL, equals: object = _TRUTHY,
+                    ignoring: tuple[type[Exception], ...] = (Exception,)) -> T:
     """``eventually`` for code without an event loop (sync tests and fixtures)."""
     polling = _Polling(check, what, timeout, interval, equals)
     while True:
@@ -93,6 +96,6 @@ def eventually_sync(check: Callable[[], T], *, what: str | None = None, timeout:
             value = check()
             if polling.met(value):
                 return value
-        except Exception as exc:
+        except ignoring as exc:
             polling.failed(exc)
         time.sleep(polling.pause())
