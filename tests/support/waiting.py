@@ -1,11 +1,13 @@
 """Waiting for something the code under test makes observable: the suite's one polling helper.
 
 ``await eventually(check, what=...)`` in async tests (the event loop keeps running between
-looks), ``eventually_sync`` in plain tests. A check may be sync or async, an exception it raises
-counts as "not yet" (unless ``ignoring`` says otherwise: then it ends the wait at once), and a
-timeout fails the test with ``what`` and the last value seen. Negative
-checks wait the same way for the event after which the forbidden thing would have happened (a
-completed tick, a lock waiter, a counted outcome) and then assert it did not.
+looks), ``eventually_sync`` in plain tests. A check may be sync or async; an exception it raises
+counts as "not yet" (only those of the ``ignoring`` types, when given: any other ends the wait at
+once); a timeout fails the test with ``what`` and the last value seen.
+
+Negative checks wait the same way, for the event after which the forbidden thing would have
+happened (a finished timer run, a statement waiting on a lock, a counted outcome), and then
+assert that it did not happen: never a sleep and then an assertion.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ async def eventually(check: Callable[[], T | Awaitable[T]], *, what: str | None 
             if inspect.isawaitable(value):
                 value = await value
             if polling.met(value):
-                return value  # type: ignore[return-value]
+                return value
         except ignoring as exc:
             polling.failed(exc)
         await asyncio.sleep(polling.pause())
