@@ -49,7 +49,7 @@ class _Polling:
 
     def pause(self) -> float:
         """Seconds to sleep before the next look; AssertionError once the time is up. A slow check
-        (kubectl, a query on a busy machine) is repeated no faster than it runs."""
+        (kubectl, a query on a busy machine) waits up to five intervals between looks."""
         now = time.monotonic()
         if now >= self.deadline:
             expected = "" if self.equals is _TRUTHY else f", expected {self.equals!r}"
@@ -57,7 +57,7 @@ class _Polling:
                                    f"last {self.last!r}{expected}")
             raise error from self.last if isinstance(self.last, Exception) else None
         took = now - self.looked_at
-        return min(max(self.interval, took), self.deadline - now)
+        return min(max(self.interval, min(took, 5 * self.interval)), self.deadline - now)
 
     def description(self) -> str:
         if self.what:
