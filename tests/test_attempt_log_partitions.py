@@ -13,9 +13,9 @@ import pytest
 
 from hookline.core import db, migrations, partitions
 from hookline.core.queue import INBOX
-from support.endpoints import wait_for
 from support.inbox import insert_events
 from support.postgres import PgServer
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -125,8 +125,9 @@ async def test_retention_drops_whole_partitions_older_than_retain(pool: asyncpg.
     assert old_partitions and "hookline.attempts_default" not in old_partitions
 
     start = await pool.fetchval("SELECT clock_timestamp()")
-    await wait_for(lambda: pool.fetchval("SELECT clock_timestamp() > $1::timestamptz + interval '2.5 seconds'", start),
-                   timeout=10)
+    await eventually(lambda: pool.fetchval(
+        "SELECT clock_timestamp() > $1::timestamptz + interval '2.5 seconds'", start),
+                     timeout=10)
     await partitions.ensure_partitions(pool, ATTEMPTS)
     new = await book_outcomes(pool, "stripe")
     dropped: set[str] = set()

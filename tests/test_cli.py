@@ -22,11 +22,10 @@ import pytest
 from hookline import __version__
 from hookline.cli import build_parser, main
 from hookline.core.embedded import free_port
-from support.endpoints import wait_for
 from support.inbox import insert_events
-from support.inbox import wait_for as wait_for_value
 from support.postgres import PgServer
 from support.processes import TESTS_DIR, ServiceProcess, hookline_cli, receiver, worker
+from support.waiting import eventually
 
 # Each command (with its action) and the flags and environment variables its --help must name.
 HELP: dict[tuple[str, ...], list[str]] = {
@@ -563,7 +562,7 @@ async def test_a_fresh_clone_in_a_private_directory_runs_dev_with_a_handler_besi
             assert sent.returncode == 0 and '"accepted"' in sent.stdout, (sent, dev.logs())
             assert "using the hookline dev database of .hookline" in sent.stderr
             event_id = json.loads(sent.stdout.splitlines()[-1].split(" ", 3)[3])["event_id"]
-            await wait_for(lambda: (clone / "handled").exists(), timeout=120)
+            await eventually(lambda: (clone / "handled").exists(), what="the clone's handler ran", timeout=120)
             assert (clone / "handled").read_text() == event_id
             shown = _hookline("events", "show", "mine", event_id, "-o", "json", env=cli_env, cwd=clone)
             assert shown.returncode == 0, shown.stderr
@@ -592,6 +591,8 @@ async def test_a_worker_imports_handlers_from_its_import_path(pool: asyncpg.Pool
     [event_id] = await insert_events(pool, "pathed", 1)
     proc = await asyncio.to_thread(worker, database_url, log_dir, "--provider", "pathed", "--import-path", str(modules))
     try:
-        await wait_for_value(pool, "SELECT count(*) FROM worker_path_effects WHERE event_id = $1", 1, event_id)
+        effects = "SELECT count(*) FROM worker_path_effects WHERE event_id = $1"
+        await eventually(lambda: pool.fetchval(effects, event_id), equals=1,
+                         what="the handler imported from --import-path ran")
     finally:
         proc.stop()

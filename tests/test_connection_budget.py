@@ -19,8 +19,9 @@ from hookline.relay import endpoints
 from hookline_operator import budget
 from hookline_operator.budget import Demand
 from hookline_operator.ownership import Resource
-from support.endpoints import Answer, TestEndpoint, wait_for
+from support.endpoints import Answer, TestEndpoint
 from support.processes import relay as relay_process
+from support.waiting import eventually
 
 
 def test_fair_shares_fill_the_smallest_first() -> None:
@@ -159,10 +160,10 @@ async def test_a_relay_with_every_pool_connection_busy_holds_its_budget_and_no_m
                                         "--allow-private-networks", "--concurrency", str(RELAY_CONCURRENCY),
                                         "--breaker-min-volume", "1000000")  # failures keep flowing
         try:
-            await wait_for(lambda: len(ep.received) >= 50, timeout=30)
+            await eventually(lambda: len(ep.received) >= 50, timeout=30)
             async with pool.acquire() as locker, locker.transaction():
                 await locker.execute("LOCK TABLE hookline.deliveries IN EXCLUSIVE MODE")  # reads go on, writes wait
-                await wait_for(lambda: _at_least(pool, name, budget_total), timeout=30)
+                await eventually(lambda: _at_least(pool, name, budget_total), timeout=30)
                 most = budget_total
                 for _ in range(40):  # a while longer: nothing opens beyond it
                     most = max(most, await backends_of(pool, name))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Callable
 
 import asyncpg
@@ -24,7 +23,8 @@ from hookline.core.signatures import get_scheme
 from hookline.relay import endpoints
 from hookline.relay.service import Relay
 from support.endpoints import Answer, Received, TestEndpoint
-from support.inbox import insert_events, wait_for
+from support.inbox import insert_events
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -93,13 +93,6 @@ async def consumers(pool: asyncpg.Pool) -> AsyncIterator[Callable[[int], GatedCo
         await consumer.stop_loops()
 
 
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 async def ids_of(pool: asyncpg.Pool, event_ids: list[str]) -> list[int]:
     return [r["id"] for r in await pool.fetch("SELECT id FROM hookline.inbox WHERE event_id = ANY($1) ORDER BY id",
                                               event_ids)]
@@ -110,17 +103,17 @@ async def test_an_effect_done_keeps_its_lease_until_its_completion_is_written(
     [event] = await insert_events(pool, "p", 1)
     consumer = consumers(2)
     await consumer.start_loops()
-    await until(lambda: len(consumer.effect) == 1)
+    await eventually(lambda: len(consumer.effect) == 1)
     [id] = consumer.effect
     first_expiry = await pool.fetchval("SELECT lease_expires_at FROM hookline.inbox WHERE id = $1", id)
     consumer.effect[id].set()  # the effect is done; the completion is not written yet
-    await until(lambda: id in consumer.completing)
+    await eventually(lambda: id in consumer.completing)
     assert consumer.free_slots == 2  # the slot is free for the next claim ...
     sweeper = asyncio.create_task(_sweep_forever(pool))
     try:
         # ... but the lease is extended past three of its lengths, with the sweeper running all along.
-        await wait_for(pool, "SELECT lease_expires_at > $2::timestamptz + make_interval(secs => 3) "
-                             "FROM hookline.inbox WHERE id = $1", True, id, first_expiry, timeout=15)
+        await eventually(lambda: pool.fetchval("SELECT lease_expires_at > $2::timestamptz + make_interval(secs => 3) "
+                             "FROM hookline.inbox WHERE id = $1", id, first_expiry), equals=True, timeout=15)
     finally:
         sweeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -128,8 +121,9 @@ async def test_an_effect_done_keeps_its_lease_until_its_completion_is_written(
     row = await pool.fetchrow("SELECT status, attempts, locked_by FROM hookline.inbox WHERE id = $1", id)
     assert (row["status"], row["attempts"], row["locked_by"]) == ("processing", 1, "gated")
     consumer.booked[id].set()
-    await wait_for(pool, "SELECT status FROM hookline.inbox WHERE event_id = $1", "done", event)
-    await until(lambda: not consumer.busy)
+    await eventually(lambda: pool.fetchval("SELECT status FROM hookline.inbox WHERE event_id = $1", event),
+                     equals="done")
+    await eventually(lambda: not consumer.busy)
 
 
 async def test_shutdown_hands_back_unstarted_work_but_never_an_effect_done(
@@ -137,10 +131,10 @@ async def test_shutdown_hands_back_unstarted_work_but_never_an_effect_done(
     await insert_events(pool, "p", 2)
     consumer = consumers(2)
     await consumer.start_loops()
-    await until(lambda: len(consumer.effect) == 2)
+    await eventually(lambda: len(consumer.effect) == 2)
     done_id, working_id = sorted(consumer.effect)
     consumer.effect[done_id].set()  # its effect happened; its completion never gets written
-    await until(lambda: done_id in consumer.completing)
+    await eventually(lambda: done_id in consumer.completing)
     await consumer.stop_loops()  # grace period 1 s, then both tasks are cancelled
     rows = {r["id"]: r for r in await pool.fetch("SELECT id, status, attempts, locked_by FROM hookline.inbox")}
     # Work that had not happened goes back at once, its attempt not counted ...
@@ -162,7 +156,7 @@ async def test_a_suspect_waits_for_in_flight_work_then_runs_alone(
     consumer = consumers(3)
     consumer.suspect_check_interval = 0  # look for suspects on every claim round
     await consumer.start_loops()
-    await until(lambda: len(consumer.effect) == 3)
+    await eventually(lambda: len(consumer.effect) == 3)
     # A suspect arrives (as if swept after a crash elsewhere), with new work behind it.
     [suspect] = await ids_of(pool, await insert_events(pool, "p", 1))
     await pool.execute("UPDATE hookline.inbox SET suspect = true WHERE id = $1", suspect)
@@ -170,14 +164,15 @@ async def test_a_suspect_waits_for_in_flight_work_then_runs_alone(
     claimed_before = _suspects_claimed()
     for id in before:  # a slot frees; the consumer drains instead of filling it
         consumer.finish(id)
-        await wait_for(pool, "SELECT status FROM hookline.inbox WHERE id = $1", "done", id)
-    await until(lambda: suspect in consumer.effect)
+        await eventually(lambda id=id: pool.fetchval("SELECT status FROM hookline.inbox WHERE id = $1", id),
+                         equals="done")
+    await eventually(lambda: suspect in consumer.effect)
     assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'processing'") == 1
     consumer.finish(suspect)
-    await wait_for(pool, "SELECT count(*) FROM hookline.inbox WHERE status = 'processing'", 3)
+    await eventually(lambda: pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'processing'"), equals=3)
     for id in after:
         consumer.finish(id)
-    await wait_for(pool, "SELECT count(*) FROM hookline.inbox WHERE status = 'done'", 7)
+    await eventually(lambda: pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'done'"), equals=7)
     starts = [id for kind, id, _ in consumer.log if kind == "start"]
     suspect_start = consumer.log.index(("start", suspect, True))
     suspect_end = consumer.log.index(("end", suspect, True))
@@ -212,7 +207,8 @@ async def test_the_sweep_makes_suspects_that_only_claim_suspect_hands_out(pool: 
     rows = await pool.fetch("SELECT status, suspect, next_attempt_at FROM hookline.inbox")
     assert {(r["status"], r["suspect"]) for r in rows} == {("pending", True)}
     assert len({r["next_attempt_at"] for r in rows}) > 10  # not due together again
-    await wait_for(pool, "SELECT count(*) FROM hookline.inbox WHERE next_attempt_at <= now()", 20)
+    await eventually(lambda: pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE next_attempt_at <= now()"),
+                     equals=20)
     assert await INBOX.claim(pool, "p", 20, "w", 30) == []  # normal claims skip suspects
     assert await INBOX.claim_suspect(pool, {"other": 30.0}, "w") is None  # only the partitions asked for
     assert await INBOX.suspects_due(pool, ["p"]) and not await INBOX.suspects_due(pool, ["other"])
@@ -247,8 +243,8 @@ async def test_the_relay_delivers_suspects_one_at_a_time(pool: asyncpg.Pool) -> 
         relay = Relay(pool, allow_private_networks=True, poll_interval=0.05, concurrency=16)
         await relay.start()
         try:
-            await wait_for(pool, "SELECT count(*) FROM hookline.deliveries WHERE status = 'done' AND NOT suspect", 5,
-                           timeout=30)
+            await eventually(lambda: pool.fetchval(
+                "SELECT count(*) FROM hookline.deliveries WHERE status = 'done' AND NOT suspect"), equals=5, timeout=30)
         finally:
             await relay.stop()
     assert len(ep.effects) == 5 and most == 1

@@ -7,7 +7,7 @@ import asyncpg
 import pytest
 
 from hookline.worker.dlq import dlq_inbox, replay_dead
-from support.endpoints import wait_for
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -35,7 +35,7 @@ async def test_replay_by_type_requeues_only_that_type_and_wakes_the_providers_wo
         async with pool.acquire() as conn:
             assert await replay_dead(conn, "stripe", "invoice.paid") == {"stripe": 1}
         assert await statuses(pool) == {"a": ("pending", 0), "b": ("dead", 12), "c": ("dead", 12)}
-        await wait_for(lambda: woken == ["stripe"])
+        await eventually(lambda: woken == ["stripe"])
 
         async with pool.acquire() as conn:
             assert await replay_dead(conn, "stripe", "no.such.type") == {}
@@ -43,7 +43,7 @@ async def test_replay_by_type_requeues_only_that_type_and_wakes_the_providers_wo
             assert await dlq_inbox(conn, "replay") == ["github: requeued 1 dead event(s)",
                                                         "stripe: requeued 1 dead event(s)"]
         assert {status for status, _ in (await statuses(pool)).values()} == {"pending"}
-        await wait_for(lambda: sorted(woken) == ["github", "stripe", "stripe"])
+        await eventually(lambda: sorted(woken) == ["github", "stripe", "stripe"])
     finally:
         await listener.close()
 

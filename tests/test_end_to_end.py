@@ -10,9 +10,10 @@ import aiohttp
 import pytest
 
 from hookline.core.embedded import free_port
-from support.inbox import apply_provider, create_effect_tables, wait_for
+from support.inbox import apply_provider, create_effect_tables
 from support.postgres import PgServer
 from support.processes import ServiceProcess, hookline_cli, receiver, worker
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -54,7 +55,7 @@ handler: "support.handlers:record_effect"
                 body = json.dumps({"id": f"ord_{i}", "type": "order.paid"})
                 async with http.post(f"{ours.url}/webhooks/orders", data=body) as r:
                     assert r.status == 200
-        await wait_for(partner, "SELECT count(*) FROM test_effects", 20, timeout=60)
+        await eventually(lambda: partner.fetchval("SELECT count(*) FROM test_effects"), equals=20, timeout=60)
     finally:
         for p in procs:
             p.stop()

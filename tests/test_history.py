@@ -16,10 +16,10 @@ import pytest
 from hookline import outbox
 from hookline.core.queue import INBOX, OUTBOX, RetryPolicy
 from hookline.relay import endpoints
-from support.endpoints import Answer, Received, TestEndpoint, wait_for
+from support.endpoints import Answer, Received, TestEndpoint
 from support.inbox import apply_provider, create_effect_tables
-from support.inbox import wait_for as wait_for_row
 from support.processes import hookline_cli, relay, worker
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -160,7 +160,8 @@ async def test_a_real_worker_logs_each_attempt_of_a_failing_handler(pool: asyncp
     await receive(pool, "poison", "evt_poison", b'{"data": {}}')
     proc = worker(database_url, log_dir, "--provider", "poison")
     try:
-        await wait_for_row(pool, "SELECT status FROM hookline.inbox WHERE event_id = 'evt_poison'", "dead")
+        await eventually(lambda: pool.fetchval("SELECT status FROM hookline.inbox WHERE event_id = 'evt_poison'"),
+                         equals="dead")
     finally:
         proc.stop()
     out = hookline_cli(database_url, "events", "show", "poison", "evt_poison").stdout
@@ -217,7 +218,8 @@ async def test_a_real_worker_logs_each_attempts_latency_and_json_shows_it(pool: 
     proc = worker(database_url, log_dir)
     try:
         for event in ("evt_flaky", "evt_plain"):
-            await wait_for_row(pool, "SELECT status FROM hookline.inbox WHERE event_id = $1", "done", event)
+            await eventually(lambda event=event: pool.fetchval(
+                "SELECT status FROM hookline.inbox WHERE event_id = $1", event), equals="done")
     finally:
         proc.stop()
 
@@ -282,9 +284,9 @@ async def test_a_real_relay_logs_the_http_status_and_latency_of_every_outcome(po
                 published[kind] = await outbox.publish(conn, "invoice.paid", {"kind": kind}, endpoint=name)
         proc = relay(database_url, log_dir, "--allow-private-networks")
         try:
-            await wait_for(lambda: pool.fetchval(
-                "SELECT array_agg(status ORDER BY endpoint, status) = '{dead,done,parked}' FROM hookline.deliveries"),
-                timeout=60)
+            await eventually(lambda: pool.fetchval(
+                  "SELECT array_agg(status ORDER BY endpoint, status) = '{dead,done,parked}' FROM hookline.deliveries"),
+                  timeout=60)
         finally:
             proc.stop()
 

@@ -19,7 +19,7 @@ from aiohttp import web
 from hookline.core.delivery import MAX_RESPONSE_BYTES, DeliveryErrorKind
 from hookline.core.embedded import free_port
 from hookline.core.http_client import WebhookClient
-from support.endpoints import wait_for
+from support.waiting import eventually
 
 HEADERS = {"content-type": "application/json", "webhook-id": "msg_1"}
 RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -164,7 +164,7 @@ async def test_a_server_that_closes_after_answering_gets_a_new_connection_next_t
     async with server:
         assert (await client.post(url, b"{}", HEADERS, timeout=5)).body == "ok"
         # The close arrives after the answer: the idle connection learns it and is not reused.
-        await wait_for(lambda: all(c.closed for idle in client._idle.values() for c in idle))
+        await eventually(lambda: all(c.closed for idle in client._idle.values() for c in idle))
         assert (await client.post(url, b"{}", HEADERS, timeout=5)).body == "ok"
     assert client.connections_opened == 2
 

@@ -9,7 +9,7 @@ import pytest
 from hookline.core.listener import Listener
 from hookline.core.providers import ProviderRegistry, apply_providers
 from support.dedicated import GatedConnection
-from support.endpoints import wait_for
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -48,17 +48,17 @@ async def test_notifications_arrive_again_after_the_listener_backend_is_killed(
     await listener.subscribe(["hookline_test"], recorder.notified, recorder.resync)
     await listener.start()
     try:
-        await wait_for(listener.connected.is_set)
+        await eventually(listener.connected.is_set)
         await pool.execute("SELECT pg_notify('hookline_test', 'before')")
-        await wait_for(lambda: "before" in recorder.payloads)
+        await eventually(lambda: "before" in recorder.payloads)
         resyncs = recorder.resyncs
 
         first = listener.backend_pid
         await kill(pool, first)
-        await wait_for(lambda: recorder.resyncs > resyncs and listener.connected.is_set())
+        await eventually(lambda: recorder.resyncs > resyncs and listener.connected.is_set())
         assert listener.backend_pid != first
         await pool.execute("SELECT pg_notify('hookline_test', 'after')")
-        await wait_for(lambda: "after" in recorder.payloads)
+        await eventually(lambda: "after" in recorder.payloads)
         assert connection.opened == 2
     finally:
         await listener.stop()
@@ -72,15 +72,15 @@ async def test_a_change_missed_while_disconnected_reaches_the_registry_by_resync
     registry = ProviderRegistry(pool, refresh=3600, listener=listener)  # no periodic re-read in this test
     await registry.start()
     try:
-        await wait_for(listener.connected.is_set)
+        await eventually(listener.connected.is_set)
         connection.gate.clear()  # Postgres "out of reach" for the listener
         await kill(pool, listener.backend_pid)
-        await wait_for(lambda: not listener.connected.is_set())
+        await eventually(lambda: not listener.connected.is_set())
         async with pool.acquire() as conn:
             await apply_providers(conn, PROVIDER)  # its NOTIFY reaches nobody
         assert registry.get("late") is None
         connection.gate.set()
-        await wait_for(lambda: registry.get("late") is not None)
+        await eventually(lambda: registry.get("late") is not None)
     finally:
         await registry.stop()
         await listener.stop()
@@ -94,9 +94,9 @@ async def test_subscribers_share_one_connection(database_url: str, pool: asyncpg
     await listener.start()
     await listener.subscribe(["hookline_b"], second.notified, second.resync)
     try:
-        await wait_for(listener.connected.is_set)
+        await eventually(listener.connected.is_set)
         await pool.execute("SELECT pg_notify('hookline_a', 'one'), pg_notify('hookline_b', 'two')")
-        await wait_for(lambda: first.payloads == ["one"] and second.payloads == ["two"])
+        await eventually(lambda: first.payloads == ["one"] and second.payloads == ["two"])
         assert connection.opened == 1
     finally:
         await listener.stop()

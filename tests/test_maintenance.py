@@ -10,7 +10,7 @@ import pytest
 from hookline.core.maintenance import Job, Maintainer, sweep_once
 from hookline.core.queue import RetryPolicy
 from support.dedicated import GatedConnection
-from support.endpoints import wait_for
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -46,11 +46,11 @@ async def test_one_leader_runs_leader_jobs_and_another_takes_over_when_its_conne
     for m in maintainers.values():
         await m.start()
     try:
-        await wait_for(lambda: any(m.is_leader for m in maintainers.values()))
+        await eventually(lambda: any(m.is_leader for m in maintainers.values()))
         leader = next(name for name, m in maintainers.items() if m.is_leader)
         other = "b" if leader == "a" else "a"
         # Both refresh their own gauges; only the leader rescues, however long we look.
-        await wait_for(lambda: {"a", "b"} <= set(runs.of("gauges")) and len(runs.of("rescue")) >= 20)
+        await eventually(lambda: {"a", "b"} <= set(runs.of("gauges")) and len(runs.of("rescue")) >= 20)
         assert set(runs.of("rescue")) == {leader}
         assert not maintainers[other].is_leader
 
@@ -61,15 +61,15 @@ async def test_one_leader_runs_leader_jobs_and_another_takes_over_when_its_conne
         leader_connection = connections[leader].last
         assert leader_connection is not None
         assert await pool.fetchval("SELECT pg_terminate_backend($1)", leader_connection.get_server_pid())
-        await wait_for(lambda: maintainers[other].is_leader)
+        await eventually(lambda: maintainers[other].is_leader)
         assert not maintainers[leader].is_leader
-        await wait_for(lambda: other in runs.of("rescue")[rescued_before:])
+        await eventually(lambda: other in runs.of("rescue")[rescued_before:])
 
         # Back online, the old leader stays a follower: the lease is held.
         connections[leader].gate.set()
-        await wait_for(lambda: connections[leader].opened == 2)
+        await eventually(lambda: connections[leader].opened == 2)
         handover = len(runs.of("rescue"))
-        await wait_for(lambda: len(runs.of("rescue")) >= handover + 20)
+        await eventually(lambda: len(runs.of("rescue")) >= handover + 20)
         assert set(runs.of("rescue")[handover:]) == {other}
         assert not maintainers[leader].is_leader
     finally:

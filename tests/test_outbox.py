@@ -12,7 +12,9 @@ from hookline import outbox
 from hookline.core.queue import OUTBOX
 from hookline.relay import endpoints
 from hookline.relay.dlq import dlq_outbox
+from support.postgres import lock_waiters
 from support.processes import hookline_cli
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -122,7 +124,11 @@ async def test_same_aggregate_publishers_serialize_so_id_order_is_commit_order(p
                 await outbox.publish(conn, "t", {"n": 2}, aggregate_type="order", aggregate_id="1")
 
         waiting = asyncio.create_task(second())
-        await asyncio.sleep(0.3)
+
+        async def held_or_done() -> bool:
+            return waiting.done() or await lock_waiters(pool) > 0
+
+        await eventually(held_or_done, what="the second publisher waiting on a lock (or done)")
         assert not waiting.done(), "a second publisher for the same aggregate must wait for the first"
         async with pool.acquire() as conn:  # other aggregates are not held up
             await asyncio.wait_for(outbox.publish(conn, "t", {"n": 0}, aggregate_type="order", aggregate_id="2"), 2)

@@ -22,7 +22,9 @@ import pytest
 
 from hookline.core.embedded import free_port
 from support import senders
+from support.postgres import lock_waiters
 from support.processes import TESTS_DIR, ServiceProcess, hookline_cli, receiver
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -72,12 +74,7 @@ async def inbox_locked(database_url: str) -> AsyncIterator[asyncpg.Connection]:
 
 
 async def wait_for_blocked_insert(conn: asyncpg.Connection) -> None:
-    for _ in range(600):
-        if await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                               "AND datname = current_database()"):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the receiver's INSERT never waited for the lock")
+    await eventually(lambda: lock_waiters(conn), timeout=30, what="the receiver's INSERT waiting for the lock")
 
 
 async def stored(conn: asyncpg.Connection, event_ids: list[str]) -> dict[str, int]:

@@ -24,8 +24,9 @@ from hookline.core.signatures import get_scheme
 from hookline.relay import endpoints
 from hookline.relay.breaker import BreakerSettings
 from hookline.relay.service import Relay
-from support.endpoints import Answer, Received, TestEndpoint, wait_for
+from support.endpoints import Answer, Received, TestEndpoint
 from support.processes import relay as relay_process
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -84,14 +85,13 @@ async def test_commit_delivers_a_signed_envelope_and_rollback_nothing(pool: asyn
             await tx.rollback()
         event_id = await publish(pool, "invoice.paid", {"id": "inv_1", "amount": 4200},
                                  aggregate_type="invoice", aggregate_id="inv_1")
-        await wait_for(lambda: ep.delivered())
-        await asyncio.sleep(0.3)
+        await eventually(lambda: ep.delivered())
+        row = await eventually(lambda: _done(pool, event_id))  # booked: the relay sends it no more
         assert ep.invalid == []
         assert [r.webhook_id for r in ep.received] == [event_id]
         body = ep.received[0].body
         assert body["type"] == "invoice.paid" and body["data"] == {"id": "inv_1", "amount": 4200}
         assert body["timestamp"].endswith("Z") and "T" in body["timestamp"]
-        row = await wait_for(lambda: _done(pool, event_id))
         assert row["attempts"] == 1 and row["last_status"] == 200 and row["last_latency_ms"] > 0
 
 
@@ -110,10 +110,10 @@ async def test_secret_rotation_signs_with_both_secrets(pool: asyncpg.Pool, start
             new = await endpoints.rotate_secret(conn, "rotating", timedelta(hours=1))
         assert new is not None and new != ep.secret
         await publish(pool, "t", {"n": 1})
-        await wait_for(lambda: len(ep.delivered()) == 1)  # verified with the old secret
+        await eventually(lambda: len(ep.delivered()) == 1)  # verified with the old secret
         ep.secret = new
         await publish(pool, "t", {"n": 2})
-        await wait_for(lambda: len(ep.delivered()) == 2)  # and with the new one
+        await eventually(lambda: len(ep.delivered()) == 2)  # and with the new one
         assert ep.invalid == []
         assert [len(r.headers["webhook-signature"].split()) for r in ep.received] == [2, 2]
 
@@ -128,7 +128,7 @@ async def test_retry_schedule_then_dead_then_replay(pool: asyncpg.Pool, start_re
         await register(pool, "flaky", ep, max_attempts=4, initial_delay=0.3, max_delay=0.6)
         await start_relay()
         event_id = await publish(pool, "t", {})
-        row = await wait_for(lambda: _status(pool, event_id, "dead"), timeout=15)
+        row = await eventually(lambda: _status(pool, event_id, "dead"), timeout=15)
         times = [r.at for r in ep.received]
         assert len(times) == 4 and all(r.webhook_id == event_id for r in ep.received)
         gaps = [b - a for a, b in itertools.pairwise(times)]
@@ -141,7 +141,7 @@ async def test_retry_schedule_then_dead_then_replay(pool: asyncpg.Pool, start_re
             from hookline.relay.dlq import dlq_outbox
 
             assert await dlq_outbox(conn, "replay", endpoint="flaky") == ["endpoint/flaky: requeued 1 dead deliveries"]
-        await wait_for(lambda: _status(pool, event_id, "done"))
+        await eventually(lambda: _status(pool, event_id, "done"))
         assert len(ep.delivered()) == 1
 
 
@@ -158,7 +158,7 @@ async def test_retry_after_is_honoured(pool: asyncpg.Pool, start_relay: StartRel
         await register(pool, "slow-down", ep, initial_delay=0.05, max_delay=10)
         await start_relay()
         event_id = await publish(pool, "t", {})
-        await wait_for(lambda: _status(pool, event_id, "done"), timeout=10)
+        await eventually(lambda: _status(pool, event_id, "done"), timeout=10)
         assert len(ep.received) == 2
         assert ep.received[1].at - ep.received[0].at >= 1.95
 
@@ -176,9 +176,9 @@ async def test_410_disables_the_endpoint_and_parks_until_enabled(pool: asyncpg.P
         await register(pool, "gone", ep)
         await start_relay()
         ids = [await publish(pool, "t", {"n": n}) for n in range(3)]
-        await wait_for(lambda: pool.fetchval("SELECT NOT enabled FROM hookline.endpoints WHERE name = 'gone'"))
-        await wait_for(lambda: pool.fetchval(
-            "SELECT count(*) = 3 FROM hookline.deliveries WHERE status = 'parked'"))
+        await eventually(lambda: pool.fetchval("SELECT NOT enabled FROM hookline.endpoints WHERE name = 'gone'"))
+        await eventually(lambda: pool.fetchval(
+              "SELECT count(*) = 3 FROM hookline.deliveries WHERE status = 'parked'"))
         ids.append(await publish(pool, "t", {"n": 3}))  # published while disabled: parked, not lost
         assert (await delivery(pool, ids[-1]))["status"] == "parked"
         row = await pool.fetchrow("SELECT disabled_reason FROM hookline.endpoints")
@@ -189,7 +189,7 @@ async def test_410_disables_the_endpoint_and_parks_until_enabled(pool: asyncpg.P
         gone = False
         async with pool.acquire() as conn:
             assert await endpoints.enable(conn, "gone") == 4
-        await wait_for(lambda: len(ep.delivered()) == 4)
+        await eventually(lambda: len(ep.delivered()) == 4)
         assert {r.webhook_id for r in ep.delivered()} == set(ids)
 
 
@@ -210,17 +210,17 @@ async def test_circuit_breaker_opens_sends_only_probes_and_closes(pool: asyncpg.
         await start_relay(breaker=settings, concurrency=4)
         for n in range(20):
             await publish(pool, "t", {"n": n})
-        await wait_for(lambda: pool.fetchval("SELECT circuit_state = 'open' FROM hookline.endpoints"))
-        await wait_for(lambda: pool.fetchval(  # the deliveries in flight when it opened have finished
-            "SELECT count(*) = 0 FROM hookline.deliveries WHERE status = 'processing'"))
+        await eventually(lambda: pool.fetchval("SELECT circuit_state = 'open' FROM hookline.endpoints"))
+        await eventually(lambda: pool.fetchval(  # the deliveries in flight when it opened have finished
+              "SELECT count(*) = 0 FROM hookline.deliveries WHERE status = 'processing'"))
         # Read order: a probe is counted when taken, before its request is sent.
         probes_before, requests_before = probes(), len(ep.received)
-        await wait_for(lambda: probes() >= probes_before + 3)  # closed, 20 retrying deliveries would be
-        await wait_for(lambda: pool.fetchval(  # ~200 requests a second
-            "SELECT count(*) = 0 FROM hookline.deliveries WHERE status = 'processing'"))
+        await eventually(lambda: probes() >= probes_before + 3)  # closed, 20 retrying deliveries would be
+        await eventually(lambda: pool.fetchval(  # ~200 requests a second
+              "SELECT count(*) = 0 FROM hookline.deliveries WHERE status = 'processing'"))
         assert len(ep.received) - requests_before <= probes() - probes_before
         healthy = True
-        await wait_for(lambda: len(ep.delivered()) == 20, timeout=10)
+        await eventually(lambda: len(ep.delivered()) == 20, timeout=10)
         row = await pool.fetchrow("SELECT circuit_state, consecutive_failures FROM hookline.endpoints")
         assert row["circuit_state"] == "closed" and row["consecutive_failures"] == 0
 
@@ -253,7 +253,7 @@ async def test_ordered_endpoint_keeps_each_aggregates_order_with_a_flaky_endpoin
                                              aggregate_type="account", aggregate_id=agg)
                         next_seq[agg] += 1
         await start_relay(concurrency=32)
-        await wait_for(lambda: len(ep.delivered()) == 1000, timeout=120)
+        await eventually(lambda: len(ep.delivered()) == 1000, timeout=120)
         assert violations == []
         assert any(r.status == 500 for r in ep.received)  # the flakiness did happen
         for agg in aggregates:
@@ -272,7 +272,7 @@ async def test_fan_out_to_three_endpoints_with_one_down(pool: asyncpg.Pool, star
         await register(pool, "down", down, timeout_seconds=1.0)
         await start_relay(concurrency=8)
         ids = [await publish(pool, "t", {"n": n}) for n in range(50)]
-        await wait_for(lambda: len(a.delivered()) == 50 and len(b.delivered()) == 50, timeout=30)
+        await eventually(lambda: len(a.delivered()) == 50 and len(b.delivered()) == 50, timeout=30)
         # Not held up by the one that hangs until its timeout: a and b have everything while most
         # of down's deliveries have not even had a first attempt (at most 4 of its 1 s attempts run at once).
         assert await pool.fetchval(
@@ -281,8 +281,8 @@ async def test_fan_out_to_three_endpoints_with_one_down(pool: asyncpg.Pool, star
         assert a.invalid == b.invalid == []
         rows = await pool.fetch("SELECT status, last_error FROM hookline.deliveries WHERE endpoint = 'down'")
         assert all(r["status"] != "done" for r in rows)
-        await wait_for(lambda: pool.fetchval(
-            "SELECT count(*) > 0 FROM hookline.deliveries WHERE endpoint = 'down' AND last_error LIKE '%timed out%'"))
+        await eventually(lambda: pool.fetchval(
+              "SELECT count(*) > 0 FROM hookline.deliveries WHERE endpoint = 'down' AND last_error LIKE '%timed out%'"))
 
 
 # --- the relay as a real process -----------------------------------------------------------
@@ -309,7 +309,7 @@ async def test_relay_killed_between_post_and_bookkeeping_delivers_again_with_the
         second = await asyncio.to_thread(relay_process, database_url, log_dir, "--allow-private-networks",
                                          "--lease-seconds", "2")
         try:
-            row = await wait_for(lambda: _status(pool, event_id, "done"), timeout=30)
+            row = await eventually(lambda: _status(pool, event_id, "done"), timeout=30)
         finally:
             assert second.stop() == 0, second.logs()
         assert [r.webhook_id for r in ep.received] == [event_id, event_id]  # at least once ...
@@ -340,7 +340,7 @@ async def test_private_addresses_are_refused_without_the_flag(database_url: str,
                                         env={"HOOKLINE_ALLOW_PRIVATE_NETWORKS": "false"})
         try:
             event_id = await publish(pool, "t", {})
-            row = await wait_for(lambda: _with_error(pool, event_id))
+            row = await eventually(lambda: _with_error(pool, event_id))
             assert "127.0.0.1 is an internal address" in row["last_error"]
             assert "allow private networks" in row["last_error"]
             assert ep.received == []
@@ -353,7 +353,7 @@ async def test_private_addresses_are_refused_without_the_flag(database_url: str,
                                           env={"HOOKLINE_ALLOW_PRIVATE_NETWORKS": "true"})
         try:
             await pool.execute("UPDATE hookline.deliveries SET next_attempt_at = now() WHERE status = 'pending'")
-            await wait_for(lambda: _status(pool, event_id, "done"), timeout=15)
+            await eventually(lambda: _status(pool, event_id, "done"), timeout=15)
         finally:
             allowed.stop()
         assert [r.webhook_id for r in ep.delivered()] == [event_id]
@@ -377,7 +377,7 @@ async def test_a_nat64_address_of_a_private_ipv4_is_refused(database_url: str, p
     service = await asyncio.to_thread(relay_process, database_url, log_dir)
     try:
         event_id = await publish(pool, "t", {})
-        row = await wait_for(lambda: _with_error(pool, event_id))
+        row = await eventually(lambda: _with_error(pool, event_id))
         assert "64:ff9b::7f00:1 is an internal address" in row["last_error"], row["last_error"]
         text = await asyncio.to_thread(_get, service.url + "/metrics")
         assert 'hookline_relay_deliveries_total{endpoint="nat64",result="blocked"}' in text

@@ -24,8 +24,9 @@ from hookline.core.signatures import get_scheme
 from hookline.relay import endpoints
 from hookline.relay.breaker import BreakerSettings, Circuit, CircuitState, Outcomes, granted_probe, record
 from hookline.relay.service import Relay
-from support.endpoints import Answer, Received, TestEndpoint, wait_for
+from support.endpoints import Answer, Received, TestEndpoint
 from support.processes import ServiceProcess, hookline_cli, relay
+from support.waiting import eventually
 
 SETTINGS = BreakerSettings(failure_rate=0.9, min_volume=10, window_seconds=10.0, probe_interval=1.0, close_after=3)
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -167,7 +168,7 @@ async def test_an_endpoint_that_refuses_every_first_attempt_gets_every_event(
             # 3 of them retried as probes) buys >= 63 first attempts, those buy the rest. Hence at
             # most 3 openings (asserted) of ~PROBE_INTERVAL + 3 probes each, then the retries drain
             # with the circuit closed: ~6 s on an idle machine; the wait allows 5 times that.
-            await wait_for(lambda: len(ep.delivered()) == events, timeout=30)
+            await eventually(lambda: len(ep.delivered()) == events, timeout=30)
             assert 1 <= await transitions(service, "flaky", "open") <= 3
             assert await transitions(service, "flaky", "closed") >= 1
         finally:
@@ -194,7 +195,7 @@ async def test_an_endpoint_failing_every_other_attempt_keeps_its_circuit_closed(
         try:
             # About two attempts per event at 16 in flight, retries due within 0.5 s: seconds on
             # an idle machine, and it never waits for the breaker (asserted below).
-            await wait_for(lambda: len(ep.delivered()) == events, timeout=60)
+            await eventually(lambda: len(ep.delivered()) == events, timeout=60)
             assert await transitions(service, "flaky", "open") == 0
         finally:
             assert service.stop() == 0, service.logs()
@@ -215,20 +216,20 @@ async def test_a_dead_endpoint_costs_one_probe_per_interval_and_holds_up_no_othe
         services = [await start_relay(database_url, log_dir, *FAST_BREAKER) for _ in range(2)]
         try:
             first = await publish_many(pool, 40)
-            await wait_for(lambda: pool.fetchval(
-                "SELECT circuit_state <> 'closed' FROM hookline.endpoints WHERE name = 'dead'"), timeout=30)
-            await wait_for(lambda: len(healthy.delivered()) == 40, timeout=30)
-            await wait_for(lambda: pool.fetchval(
-                "SELECT count(*) = 0 FROM hookline.deliveries WHERE endpoint = 'dead' AND status = 'processing'"))
+            await eventually(lambda: pool.fetchval(
+                  "SELECT circuit_state <> 'closed' FROM hookline.endpoints WHERE name = 'dead'"), timeout=30)
+            await eventually(lambda: len(healthy.delivered()) == 40, timeout=30)
+            await eventually(lambda: pool.fetchval(
+                  "SELECT count(*) = 0 FROM hookline.deliveries WHERE endpoint = 'dead' AND status = 'processing'"))
 
             # Read order matters: a probe counts as a transition (taken) before its attempt (claimed).
             started = time.monotonic()
             probes_before = await probes(services)
             attempts_before = await pool.fetchval(attempts_sql)
             second = await publish_many(pool, 40)
-            await wait_for(lambda: len(healthy.delivered()) == 80, timeout=30)
+            await eventually(lambda: len(healthy.delivered()) == 80, timeout=30)
             # Observe at least three probe intervals' worth of probing.
-            await wait_for(lambda: _at_least(services, probes_before + 3), timeout=10 * PROBE_INTERVAL + 10)
+            await eventually(lambda: _at_least(services, probes_before + 3), timeout=10 * PROBE_INTERVAL + 10)
             attempts_after = await pool.fetchval(attempts_sql)
             probes_after = await probes(services)
             elapsed = time.monotonic() - started
@@ -272,16 +273,16 @@ async def test_held_successes_are_counted_by_an_idle_relay_and_at_stop(pool: asy
         await first.start()
         try:
             await publish_many(pool, 30)
-            await wait_for(lambda: len(ep.delivered()) == 30)
+            await eventually(lambda: len(ep.delivered()) == 30)
             # Nothing more to deliver: no later batch carries them; the relay's own job counts them.
-            await wait_for(lambda: _counted(pool, "steady", 30), timeout=15)
+            await eventually(lambda: _counted(pool, "steady", 30), timeout=15)
         finally:
             await first.stop()
         second = Relay(pool, allow_private_networks=True, poll_interval=0.1, concurrency=8, grace_period=2.0)
         await second.start()
         try:
             await publish_many(pool, 5)
-            await wait_for(lambda: len(ep.delivered()) == 35)
+            await eventually(lambda: len(ep.delivered()) == 35)
         finally:
             await second.stop()  # at once, whether or not its job ran since
         assert await counted_successes(pool, "steady") == 35

@@ -24,9 +24,11 @@ from hookline.core.signatures import get_scheme
 from hookline.receiver.group_commit import INSERT_BATCH
 from hookline.relay import endpoints
 from support.dedicated import GatedConnection
-from support.endpoints import Answer, TestEndpoint, wait_for
+from support.endpoints import Answer, TestEndpoint
 from support.inbox import apply_provider
+from support.postgres import lock_waiters
 from support.processes import receiver, relay
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -60,7 +62,7 @@ async def partition_of(pool: asyncpg.Pool, event_id: str) -> str:
 
 async def next_second(pool: asyncpg.Pool) -> None:
     start = await pool.fetchval("SELECT date_trunc('second', clock_timestamp())")
-    await wait_for(lambda: _after(pool, start))
+    await eventually(lambda: _after(pool, start))
 
 
 async def _after(pool: asyncpg.Pool, moment: datetime.datetime) -> bool:
@@ -176,7 +178,7 @@ async def test_of_two_maintainers_racing_only_the_leader_manages_partitions(data
     for m in maintainers:
         await m.start()
     try:
-        await wait_for(lambda: len(ran) >= 40)
+        await eventually(lambda: len(ran) >= 40)
         leaders = [name for name, m in zip("ab", maintainers, strict=True) if m.is_leader]
         assert len(leaders) == 1 and set(ran) == set(leaders)
     finally:
@@ -198,18 +200,13 @@ async def test_a_duplicate_racing_across_a_partition_boundary_is_stored_once(dat
         await next_second(pool)
         # The copy arrives a partition later and waits on the key the first one holds.
         racing = asyncio.create_task(receive(second, "p", "racer"))
-        await wait_for(lambda: _waiting_on_a_lock(pool))
+        await eventually(lambda: lock_waiters(pool), what="a statement waiting on the lock")
         await tx.commit()
         assert await racing == []
     finally:
         await first.close()
         await second.close()
     assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE event_id = 'racer'") == 1
-
-
-async def _waiting_on_a_lock(pool: asyncpg.Pool) -> bool:
-    return bool(await pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                    "AND datname = current_database()"))
 
 
 async def test_the_receiver_answers_duplicate_after_the_payload_is_gone(database_url: str, pool: asyncpg.Pool,
@@ -392,8 +389,8 @@ async def test_outbox_retention_end_to_end_with_a_real_relay(database_url: str, 
         service = relay(database_url, log_dir, "--allow-private-networks")
         try:
             # (The relay's own partition manager may delete the delivered ones as soon as they are.)
-            await wait_for(lambda: len({r.webhook_id for r in ok.received}) == 5)
-            await wait_for(lambda: _count(pool, "SELECT count(*) FROM hookline.deliveries WHERE status = 'dead'", 5))
+            await eventually(lambda: len({r.webhook_id for r in ok.received}) == 5)
+            await eventually(lambda: _count(pool, "SELECT count(*) FROM hookline.deliveries WHERE status = 'dead'", 5))
         finally:
             assert service.stop() == 0
     await next_second(pool)
@@ -427,7 +424,7 @@ async def test_a_drop_never_holds_a_partition_while_waiting_for_its_parent(datab
         await reader.execute("SELECT FROM ONLY hookline.inbox")  # holds the parent, no partition yet
         retention = partitions.Retention(done_hours=ONE_SECOND, **KEEP_EVERYTHING_ELSE)
         passing = asyncio.create_task(partitions.expire_inbox(pool, retention))
-        await wait_for(lambda: _waiting_on_a_lock(pool))
+        await eventually(lambda: lock_waiters(pool), what="a statement waiting on the lock")
         # The reader now reads every partition: it must not wait for the pass (which waits for it).
         assert await reader.fetchval("SELECT count(*) FROM hookline.inbox") == 1
         await tx.commit()

@@ -30,9 +30,9 @@ from hookline.core.queue import RetryPolicy
 from hookline_operator import budget, tenancy
 from hookline_operator.ownership import Resource
 from support.dedicated import GatedConnection
-from support.endpoints import wait_for
 from support.postgres import with_database
 from support.processes import hookline_cli, receiver
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -366,7 +366,7 @@ async def test_housekeeping_goes_on_while_a_tenant_holds_every_lock_it_can(insta
         try:
             async with asyncio.timeout(20):
                 await leader.start()
-                await wait_for(lambda: "rescue" in ran)
+                await eventually(lambda: "rescue" in ran)
                 assert await owner.fetchval("SELECT status FROM hookline.inbox WHERE provider = 'pay-b' "
                                             "AND event_id = 'evt-0'") == "pending"
                 await owner.execute("SET lock_timeout = '5s'")
@@ -387,22 +387,22 @@ async def test_a_notify_flood_costs_a_few_cheap_looks(install: Install) -> None:
     """Row 7: any role may NOTIFY hookline_providers, and every notification re-read and re-parsed
     every provider. Now a forged notification costs a fingerprint query, a few a second at most."""
     pool = await db.create_pool(install.owner_url, min_size=1, max_size=4)
-    registry = ProviderRegistry(pool, debounce=0.25)
+    registry = ProviderRegistry(pool, refresh=3600, debounce=0.25)  # no timed re-read meanwhile
     await registry.start()
     attacker = await install.attacker()
     try:
-        await asyncio.sleep(0.5)  # its listener's first connect asks for one more read (a resync)
-        settled = registry.reloads
+        # One read at start, one more when its listener's first connect asks for a resync.
+        settled = await eventually(lambda: registry.reloads, equals=2, what="the registry's two first reads")
         async with asyncio.timeout(30):
             for _ in range(20):
                 await attacker.execute("; ".join(["NOTIFY hookline_providers, 'pay-b'"] * 100))
                 await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
-        assert registry.reloads == settled  # 2,000 notifications, nothing changed: nothing re-read
-        # A real change still reaches it.
+        # A real change still reaches it; its notification comes after every forged one, so once it
+        # is seen they have all been looked at.
         await install.owner.execute("UPDATE hookline.providers SET spec = spec || '{\"maxBodyBytes\": 2048}', "
                                     "updated_at = now() WHERE name = 'pay-b'")
-        await wait_for(lambda: (p := registry.get("pay-b")) is not None and p.max_body_bytes == 2048)
+        await eventually(lambda: (p := registry.get("pay-b")) is not None and p.max_body_bytes == 2048)
+        assert registry.reloads == settled + 1  # 2,000 notifications, nothing changed: only the change re-read
     finally:
         await attacker.close()
         await registry.stop()

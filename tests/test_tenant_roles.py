@@ -277,8 +277,8 @@ async def test_a_tenant_worker_signs_with_the_mounted_destination_secret_and_hol
     from hookline.core.embedded import free_port
     from hookline.core.secrets_at_rest import destination_secret_context, provider_secrets_context, required_ring
     from hookline.core.signatures import get_scheme
-    from support.inbox import wait_for
     from support.processes import worker
+    from support.waiting import eventually
 
     destination_secret = get_scheme("standard-webhooks").generate_secret()
     verified: list[str] = []
@@ -327,8 +327,8 @@ async def test_a_tenant_worker_signs_with_the_mounted_destination_secret_and_hol
     proc = worker(url, tmp_path, "--provider", "pay", "--poll-interval", "0.05",
                   env={"HOOKLINE_SECRET_KEYS_FILE": "", "HOOKLINE_DESTINATION_SECRET_FILE": str(secret_file)})
     try:
-        await wait_for(owner, "SELECT count(*) FROM hookline.inbox WHERE provider = 'pay' AND status = 'done'", 3,
-                       timeout=30)
+        await eventually(lambda: owner.fetchval(
+            "SELECT count(*) FROM hookline.inbox WHERE provider = 'pay' AND status = 'done'"), equals=3, timeout=30)
     finally:
         proc.stop()
         await runner.cleanup()

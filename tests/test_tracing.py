@@ -21,9 +21,10 @@ import asyncpg
 import pytest
 
 from hookline.core.embedded import free_port
-from support.endpoints import TestEndpoint, wait_for
+from support.endpoints import TestEndpoint
 from support.inbox import apply_provider, create_effect_tables
 from support.processes import ServiceProcess, hookline_cli, relay, worker
+from support.waiting import eventually
 
 SECRET = "whsec_" + base64.b64encode(b"trace-context-endpoint-secret!!").decode()
 EXPORT_TO_LOGS = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "100"}
@@ -75,7 +76,7 @@ async def run_pipeline(database_url: str, pool: asyncpg.Pool, log_dir: Path, env
                     f"{ours.url}/webhooks/orders", data=json.dumps({"id": "ord_1", "type": "order.paid"}),
                     headers=headers) as answer:
                 assert answer.status == 200, await answer.text()
-            await wait_for(lambda: endpoint.delivered(), timeout=60)
+            await eventually(lambda: endpoint.delivered(), timeout=60)
         finally:
             for p in procs:
                 p.stop()  # a clean exit flushes the spans still batched

@@ -16,10 +16,10 @@ from hookline.core import migrations
 from hookline.core.signatures import get_scheme
 from hookline.receiver.group_commit import INSERT_BATCH
 from support.endpoints import TestEndpoint
-from support.endpoints import wait_for as wait_until
-from support.inbox import apply_provider, create_effect_tables, wait_for
+from support.inbox import apply_provider, create_effect_tables
 from support.postgres import PgServer
 from support.processes import relay, worker
+from support.waiting import eventually
 
 PREVIOUS_SCHEMA = 10
 
@@ -86,7 +86,7 @@ leaseSeconds: 5
         conn = await asyncpg.connect(old_database)
         try:
             # pending-1, pending-2, the expired lease (swept, then run alone) and new-1.
-            await wait_for(conn, "SELECT count(*) FROM test_effects", 4, timeout=90)
+            await eventually(lambda: conn.fetchval("SELECT count(*) FROM test_effects"), equals=4, timeout=90)
             states = {r["event_id"]: r["status"] for r in await conn.fetch(
                 "SELECT event_id, status FROM hookline.inbox")}
             effects = sorted(r["event_id"] for r in await conn.fetch("SELECT event_id FROM test_effects"))
@@ -163,11 +163,12 @@ async def test_upgrade_keeps_every_outbox_event_and_delivery_and_a_relay_deliver
         service = relay(old_database, log_dir, "--allow-private-networks")
         try:
             # pending, retrying, the expired lease (swept, then sent alone) and the new event.
-            await wait_until(lambda: len({r.webhook_id for r in live.received}) == 4, timeout=90)
+            await eventually(lambda: len({r.webhook_id for r in live.received}) == 4, timeout=90)
             conn = await asyncpg.connect(old_database)
             try:
-                await wait_for(conn, "SELECT count(*) FROM hookline.deliveries WHERE endpoint = 'live' "
-                                     "AND status = 'done'", 5, timeout=30)
+                await eventually(lambda: conn.fetchval(
+                    "SELECT count(*) FROM hookline.deliveries WHERE endpoint = 'live' AND status = 'done'"),
+                    equals=5, timeout=30)
                 states = {(r["tag"], r["endpoint"]): r["status"] for r in await conn.fetch(
                     "SELECT o.payload->>'tag' AS tag, d.endpoint, d.status FROM hookline.deliveries AS d "
                     "JOIN hookline.outbox AS o ON o.id = d.outbox_id")}

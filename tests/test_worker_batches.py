@@ -31,8 +31,9 @@ from hookline.core import db
 from hookline.core.maintenance import sweep_once
 from hookline.core.queue import RetryPolicy
 from support.batch_handlers import TABLES
-from support.inbox import apply_provider, wait_for
+from support.inbox import apply_provider
 from support.processes import worker
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -68,7 +69,7 @@ async def run_until_finished(database_url: str, tables: asyncpg.Pool, log_dir, *
     """A batching worker, run until every event is done or dead, then stopped cleanly."""
     w = worker(database_url, log_dir, *BATCH, *extra)
     try:
-        await wait_for(tables, UNFINISHED, 0, timeout=60)
+        await eventually(lambda: tables.fetchval(UNFINISHED), equals=0, timeout=60)
     finally:
         assert w.stop() == 0
 
@@ -128,10 +129,11 @@ async def test_a_lease_lost_mid_batch_rolls_back_only_that_event(database_url: s
     thief, victim = ids[1], ids[2]
     w = worker(database_url, log_dir, *BATCH)
     try:
-        await wait_for(tables, "SELECT count(*) FROM hookline.inbox WHERE status = 'done'", 3, timeout=60)
+        await eventually(lambda: tables.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'done'"), equals=3,
+                         timeout=60)
         # The stolen lease has expired: the sweeper takes the event back (a suspect now), and it runs again.
         await sweep_once(tables, {"batch": RetryPolicy(3, 0.2, 0.5)})
-        await wait_for(tables, UNFINISHED, 0, timeout=60)
+        await eventually(lambda: tables.fetchval(UNFINISHED), equals=0, timeout=60)
     finally:
         assert w.stop() == 0
     txids = await first_attempt_txids(tables)
@@ -160,7 +162,7 @@ async def test_sigkill_mid_batch_leaves_nothing_half_applied(database_url: str, 
     assert await tables.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'done'") == 0
     w2 = worker(database_url, log_dir, *BATCH, "--sweep")
     try:
-        await wait_for(tables, UNFINISHED, 0, timeout=60)
+        await eventually(lambda: tables.fetchval(UNFINISHED), equals=0, timeout=60)
     finally:
         assert w2.stop() == 0
     assert await effects_per_event(tables) == Counter(ids)
@@ -214,7 +216,8 @@ async def test_events_after_a_lost_lease_in_their_batch_run_again_and_commit_onc
     before, thief, victim, after = ids[0], ids[1], ids[2], ids[3:]
     w = worker(database_url, log_dir, *BATCH)
     try:
-        await wait_for(tables, "SELECT count(*) FROM hookline.inbox WHERE status = 'done'", 4, timeout=60)
+        await eventually(lambda: tables.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'done'"), equals=4,
+                         timeout=60)
     finally:
         assert w.stop() == 0
     calls: dict[str, list[int]] = {}

@@ -8,7 +8,8 @@ import pytest
 
 from hookline.core import db
 from hookline.worker.service import CLAIM_EVENTS, BatchCompleter
-from support.inbox import insert_events, wait_for
+from support.inbox import insert_events
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -40,7 +41,7 @@ async def test_connection_kept_until_idle_and_given_back_after_a_failed_write(
                                   "ORDER BY backend_start DESC LIMIT 1")
         assert kept is not None
         await pool.execute("SELECT pg_terminate_backend($1)", kept)
-        await wait_for(pool, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", 0, kept)
+        await eventually(lambda: pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", kept), equals=0)
         # Which one depends on when asyncpg sees the server's goodbye; InternalClientError ("another
         # operation is in progress") when it is mid-way through that as the statement is sent.
         with pytest.raises((asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.InternalClientError,

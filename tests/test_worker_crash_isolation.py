@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -27,8 +26,9 @@ from aiohttp import web
 from hookline.core.embedded import free_port
 from hookline.core.maintenance import sweep_once
 from hookline.core.queue import RetryPolicy
-from support.inbox import apply_provider, create_effect_tables, insert_events, status_counts, wait_for
+from support.inbox import apply_provider, create_effect_tables, insert_events, status_counts
 from support.processes import ServiceProcess, worker
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -83,7 +83,7 @@ retry: {maxAttempts: 3, initialDelaySeconds: 0.2, maxDelaySeconds: 1}
                             env={"TEST_HANDLER_SLEEP": "0.3"})
     supervising = asyncio.create_task(supervisor.run())
     try:
-        await wait_for(effects, UNFINISHED, 0, timeout=120)
+        await eventually(lambda: effects.fetchval(UNFINISHED), equals=0, timeout=120)
     finally:
         supervising.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -170,13 +170,6 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '
 """
 
 
-async def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
-
-
 # Long enough that a heartbeat (every third of it) is not late on a loaded machine, short enough
 # that holding the lock past it keeps the test short.
 LEASE = 3
@@ -201,10 +194,11 @@ retry: {{maxAttempts: 3, initialDelaySeconds: 0.1, maxDelaySeconds: 0.2}}
         workers = [worker(database_url, log_dir, "--concurrency", "40", "--poll-interval", "0.1")]
         try:
             # The blocker's completion is written alone and waits on the lock ...
-            await wait_for(effects, f"SELECT count(*) > 0 FROM ({WAITING_COMPLETION}) AS w", True, 0.0, timeout=30)
+            await eventually(lambda: effects.fetchval(f"SELECT count(*) > 0 FROM ({WAITING_COMPLETION}) AS w", 0.0),
+                             equals=True, timeout=30)
             # ... while the others are delivered and queue up behind it.
             await insert_events(effects, "dest", 30)
-            await wait_until(lambda: len(destination.received) == 31)
+            await eventually(lambda: len(destination.received) == 31)
             # A second worker takes whatever the sweeper hands back (nothing, if leases are kept).
             workers.append(worker(database_url, log_dir, "--concurrency", "8", "--poll-interval", "0.1"))
             if kill_the_write:
@@ -213,14 +207,14 @@ retry: {{maxAttempts: 3, initialDelaySeconds: 0.1, maxDelaySeconds: 0.2}}
                 assert killed == 1
             # Keep the lock two lease lengths longer (the retried write, after a kill, waits on it
             # again): without heartbeats the sweeper would have taken every delivered event back.
-            await wait_for(effects, f"SELECT count(*) > 0 FROM ({WAITING_COMPLETION}) AS w", True, 2 * LEASE,
-                           timeout=30)
+            await eventually(lambda: effects.fetchval(f"SELECT count(*) > 0 FROM ({WAITING_COMPLETION}) AS w",
+                                                      2 * LEASE), timeout=30)
             # (After a kill the batch queued behind the lost write is booked at once; the blocker waits.)
             blocked = await effects.fetchrow("SELECT status, attempts FROM hookline.inbox WHERE event_id = $1",
                                              blocker)
             assert (blocked["status"], blocked["attempts"]) == ("processing", 1)
             await destination.release()
-            await wait_for(effects, UNFINISHED, 0, timeout=30)
+            await eventually(lambda: effects.fetchval(UNFINISHED), equals=0, timeout=30)
         finally:
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -37,8 +37,9 @@ from operator_access import (
 
 from hookline.core.embedded import free_port
 from support.inbox import insert_events
-from support.kube import eventually, kget
+from support.kube import kget
 from support.processes import ServiceProcess
+from support.waiting import eventually
 
 pytestmark = pytest.mark.k8s
 
@@ -353,7 +354,7 @@ async def test_operator_runs_with_the_chart_service_account(
     operator.start("/healthz", timeout=60)
     try:
         api.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER)
-        whp = eventually(lambda: (o := kget(api, namespace, "whp", "acme")) and ready(o) and o, "Ready")
+        whp = await eventually(lambda: (o := kget(api, namespace, "whp", "acme")) and ready(o) and o, what="Ready")
         secret = kget(api, namespace, "secret", "acme-webhook")
         assert secret["metadata"]["ownerReferences"][0]["uid"] == whp["metadata"]["uid"]
         assert base64.b64decode(secret["data"]["secret"]).startswith(b"whsec_")
@@ -361,27 +362,30 @@ async def test_operator_runs_with_the_chart_service_account(
         assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "hookline:test"
 
         await insert_events(pool, "acme", 150)  # backlog 150 / 100 per replica -> 2 workers
-        eventually(lambda: kget(api, namespace, "deployment", "acme-worker")["spec"]["replicas"] == 2, "scaled to 2")
+        await eventually(lambda: kget(api, namespace, "deployment", "acme-worker")["spec"]["replicas"] == 2,
+                         what="scaled to 2")
 
         await pool.execute("UPDATE hookline.inbox SET status = 'dead', attempts = 3 WHERE provider = 'acme'")
         api.kubectl("annotate", "whp", "acme", "-n", namespace, "hookline.io/replay-dlq=r1", "--overwrite")
         def replay_status() -> Any:
             return kget(api, namespace, "whp", "acme")["status"].get("replay") or {}
 
-        replay = eventually(lambda: replay_status().get("lastHandledToken") == "r1" and replay_status(), "replay")
+        replay = await eventually(lambda: replay_status().get("lastHandledToken") == "r1" and replay_status(),
+                                  what="replay")
         assert replay["requeued"] == 150
 
         api.kubectl("annotate", "whp", "acme", "-n", namespace, "hookline.io/rotate-secret=k1", "--overwrite")
         def rotation_token() -> Any:
             return (kget(api, namespace, "whp", "acme")["status"].get("rotation") or {}).get("lastHandledToken")
 
-        eventually(lambda: rotation_token() == "k1", "rotation handled")
+        await eventually(lambda: rotation_token() == "k1", what="rotation handled")
         # Its Events were written too (core/v1 or events.k8s.io, both granted).
         reasons = {e["reason"] for e in kget(api, namespace, "events")["items"]}
         assert reasons, "the operator posted no Events"
 
         api.kubectl("delete", "whp", "acme", "-n", namespace, "--wait=false")
-        eventually(lambda: api.kubectl("get", "whp", "acme", "-n", namespace, check=False).returncode != 0, "deleted")
+        await eventually(lambda: api.kubectl("get", "whp", "acme", "-n", namespace, check=False).returncode != 0,
+                         what="deleted")
         await asyncio.sleep(1)
     except AssertionError as err:  # the operator's own account of what went wrong
         logs = operator.logs()

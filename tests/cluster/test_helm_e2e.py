@@ -34,10 +34,10 @@ import pytest
 from tcprelay import TcpRelay
 
 from cluster import IMAGES, Cluster
-from support.kube import eventually
 from support.kube import kget as kube_get
 from support.postgres import PgServer
 from support.senders import standard_webhooks
+from support.waiting import eventually_sync
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -208,8 +208,8 @@ def test_helm_install_to_uninstall(cluster: Cluster, database: tuple[str, str], 
 
     with step(cluster, "a WebhookProvider gets its generated signing Secret"):
         cluster.kubectl("apply", "-f", "-", input=provider_manifest(destination.url))
-        secret = eventually(lambda: kget(cluster, "secret", f"{PROVIDER}-webhook")["data"]["secret"],
-                            "the operator to generate the signing Secret", timeout=WAIT)
+        secret = eventually_sync(lambda: kget(cluster, "secret", f"{PROVIDER}-webhook")["data"]["secret"],
+                                 what="the operator to generate the signing Secret", timeout=WAIT)
         signing_secret = base64.b64decode(secret).decode()
 
     ids = [f"evt-{uuid.uuid4().hex[:12]}" for _ in range(EVENTS)]
@@ -217,32 +217,36 @@ def test_helm_install_to_uninstall(cluster: Cluster, database: tuple[str, str], 
             port_forward(cluster, f"svc/{RELEASE}-receiver", 80) as port:
         bodies = [{"id": event_id, "fail": n < FAILING} for n, event_id in enumerate(ids)]
         # The receiver learns of a new provider from the database a moment after the operator stores it.
-        answers = [eventually(lambda: send(port, signing_secret, bodies[0]), "the receiver to know the provider",
-                               timeout=WAIT)]
+        answers = [eventually_sync(lambda: send(port, signing_secret, bodies[0]),
+                                   what="the receiver to know the provider",
+                                    timeout=WAIT)]
         answers += [send(port, signing_secret, body) for body in bodies[1:]]
         assert [(status, answer["status"]) for status, answer in answers] == [(200, "accepted")] * EVENTS, answers
 
     with step(cluster, "the operator scales the worker Deployment up with the backlog"):
-        eventually(lambda: kget(cluster, "deployment", f"{PROVIDER}-worker")["spec"]["replicas"] >= 1,
-                   "worker replicas >= 1", timeout=WAIT)
+        eventually_sync(lambda: kget(cluster, "deployment", f"{PROVIDER}-worker")["spec"]["replicas"] >= 1,
+                        what="worker replicas >= 1", timeout=WAIT)
 
     with step(cluster, "worker pods deliver every event that is not refused"):
-        eventually(lambda: destination.count() == EVENTS - FAILING, f"{EVENTS - FAILING} effects", timeout=300)
-        eventually(lambda: rows(local_url, "SELECT count(*) FROM hookline.inbox WHERE status = 'dead'") == FAILING,
-                   f"{FAILING} dead events", timeout=WAIT)
+        eventually_sync(lambda: destination.count() == EVENTS - FAILING, what=f"{EVENTS - FAILING} effects",
+                        timeout=300)
+        eventually_sync(lambda: rows(local_url, "SELECT count(*) FROM hookline.inbox WHERE status = 'dead'") == FAILING,
+                        what=f"{FAILING} dead events", timeout=WAIT)
 
     with step(cluster, "the worker Deployment scales back down"):
-        eventually(lambda: kget(cluster, "deployment", f"{PROVIDER}-worker")["spec"]["replicas"] == 0,
-                   "worker replicas == 0", timeout=240)
+        eventually_sync(lambda: kget(cluster, "deployment", f"{PROVIDER}-worker")["spec"]["replicas"] == 0,
+                        what="worker replicas == 0", timeout=240)
 
     with step(cluster, "kubectl annotate hookline.io/replay-dlq replays the dead events"):
         destination.refusing = False
         cluster.kubectl("annotate", "-n", NAMESPACE, "whp", PROVIDER, "hookline.io/replay-dlq=first", "--overwrite")
-        replay = eventually(lambda: kget(cluster, "whp", PROVIDER)["status"]["replay"], "status.replay", timeout=WAIT)
-        eventually(lambda: kget(cluster, "whp", PROVIDER)["status"]["replay"]["lastHandledToken"] == "first",
-                   "the replay token acknowledged", timeout=WAIT)
+        replay = eventually_sync(lambda: kget(cluster, "whp", PROVIDER)["status"]["replay"], what="status.replay",
+                                 timeout=WAIT)
+        eventually_sync(lambda: kget(cluster, "whp", PROVIDER)["status"]["replay"]["lastHandledToken"] == "first",
+                        what="the replay token acknowledged", timeout=WAIT)
         assert kget(cluster, "whp", PROVIDER)["status"]["replay"]["requeued"] == FAILING, replay
-        eventually(lambda: destination.count() == EVENTS, f"all {EVENTS} effects after the replay", timeout=300)
+        eventually_sync(lambda: destination.count() == EVENTS, what=f"all {EVENTS} effects after the replay",
+                        timeout=300)
 
     with step(cluster, "helm test"):
         cluster.helm("test", RELEASE, "-n", NAMESPACE, "--timeout=5m")

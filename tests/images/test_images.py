@@ -30,9 +30,10 @@ import pytest
 from hookline.core import secrets_at_rest
 from hookline.core.embedded import free_port
 from support import senders
-from support.kube import ApiServer, eventually, kget, require_assets
+from support.kube import ApiServer, kget, require_assets
 from support.operator import condition
 from support.postgres import PgServer, database_with_providers
+from support.waiting import eventually_sync
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "chart"))  # tests/ is not a package: the chart renderer
@@ -316,7 +317,7 @@ def receiver(images: dict[str, str], providers_database: str) -> Iterator[str]:
     with Container(images["service"], *args, env={"HOOKLINE_DATABASE_URL": providers_database}) as container:
         url = f"http://127.0.0.1:{port}"
         try:
-            eventually(lambda: http_get(f"{url}/readyz") == 200, "the receiver's /readyz", timeout=60)
+            eventually_sync(lambda: http_get(f"{url}/readyz") == 200, what="the receiver's /readyz", timeout=60)
         except AssertionError:
             raise AssertionError(f"receiver not ready:\n{container.logs()[-3000:]}") from None
         yield url
@@ -336,7 +337,8 @@ def test_receiver_in_the_image_accepts_a_signed_event_and_a_worker_drains_it(
     worker_args = ["worker", "--provider", "sw", "--host=127.0.0.1", f"--port={free_port()}"]
     with Container(images["service"], *worker_args, env={"HOOKLINE_DATABASE_URL": providers_database}) as worker:
         try:
-            eventually(lambda: fetchval(providers_database, status_sql, event_id) == "done", "the event done", 60)
+            eventually_sync(lambda: fetchval(providers_database, status_sql, event_id) == "done", what="the event done",
+                            timeout=60)
         except AssertionError:
             raise AssertionError(f"worker did not drain:\n{worker.logs()[-3000:]}") from None
         assert worker.running(), worker.logs()[-3000:]
@@ -352,7 +354,8 @@ def api_server() -> Iterator[ApiServer]:
     with ApiServer(require_assets()) as server:
         server.kubectl("apply", "--server-side", "--field-manager=hookline-tests", "-f", str(REPO / "crds"))
         # Established, then served by discovery: kopf resolves the resource when it starts.
-        eventually(lambda: server.kubectl("get", "whp", "-A", check=False).returncode == 0, "whp in discovery")
+        eventually_sync(lambda: server.kubectl("get", "whp", "-A", check=False).returncode == 0,
+                        what="whp in discovery")
         yield server
 
 
@@ -397,10 +400,11 @@ def test_operator_image_reconciles_a_provider(images: dict[str, str], api_server
     with Container(images["operator"], *args, env=env,
                    volumes=[f"{kubeconfig}:/etc/hookline/kubeconfig:ro"]) as operator:
         try:
-            eventually(lambda: http_get(f"http://127.0.0.1:{port}/healthz") == 200, "kopf's liveness", 90)
+            eventually_sync(lambda: http_get(f"http://127.0.0.1:{port}/healthz") == 200, what="kopf's liveness",
+                            timeout=90)
             api_server.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER)
-            ready = eventually(lambda: condition(kget(api_server, namespace, "whp", "shop"), "Ready")
-                               .get("status") == "True", "the provider Ready", 90)
+            ready = eventually_sync(lambda: condition(kget(api_server, namespace, "whp", "shop"), "Ready")
+                                    .get("status") == "True", what="the provider Ready", timeout=90)
         except AssertionError as error:
             raise AssertionError(f"{error}\n{operator.logs()[-4000:]}") from None
         assert ready

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from support.endpoints import Answer, TestEndpoint
 from support.inbox import apply_provider, create_effect_tables
 from support.processes import ServiceProcess, hookline_cli, receiver, relay, worker
 from support.prometheus import PrometheusError, PrometheusServer, require_binaries
+from support.waiting import eventually
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "hookline" / "dashboards" / "hookline.json"
 NAMESPACE = "hookline"  # the namespace label Prometheus gives every target, as Kubernetes discovery would
@@ -93,12 +93,12 @@ def _label_values(server: PrometheusServer, query: str) -> list[str]:
 
 
 async def _until_data(server: PrometheusServer, expr: str, timeout: float = 60.0) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await asyncio.to_thread(server.query, expr)  # a PromQL error raises at once
-        if result or time.monotonic() > deadline:
-            return result
-        await asyncio.sleep(1)
+    """The query's result once it has data; empty when it has none after ``timeout``."""
+    try:
+        return await eventually(lambda: asyncio.to_thread(server.query, expr), what=expr, timeout=timeout,
+                                interval=1, ignoring=())  # a PromQL error raises at once
+    except AssertionError:
+        return []
 
 
 async def _send_load(receiver_url: str) -> None:

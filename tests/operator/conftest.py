@@ -8,7 +8,6 @@ Every test here that uses the API server is marked `k8s`, so `pytest -m "not k8s
 from __future__ import annotations
 
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ sys.path.insert(0, str(REPO / "tests" / "envtest"))
 from apiserver import ApiServer  # noqa: E402
 
 from support.kube import OWNER_REFERENCES_ENFORCED, require_assets  # noqa: E402
+from support.waiting import eventually_sync  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -49,13 +49,10 @@ def apiserver() -> Iterator[ApiServer]:
         # Established is not the end: API discovery (which resolves `whp`) and the OpenAPI
         # document (kubectl explain, client-side validation) catch up a moment later. `explain`
         # needs both; a CRD is named <plural>.<group>, which explain accepts as a resource.
-        deadline = time.monotonic() + 30
         for crd in crds:
             resource = crd.split("/", 1)[1]
-            while server.kubectl("explain", resource, check=False).returncode != 0:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"{resource} never became visible in API discovery and OpenAPI")
-                time.sleep(0.2)
+            eventually_sync(lambda resource=resource: server.kubectl("explain", resource, check=False).returncode == 0,
+                            timeout=30, interval=0.2, what=f"{resource} visible in API discovery and OpenAPI")
         yield server
 
 

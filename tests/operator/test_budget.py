@@ -4,7 +4,6 @@ and connections a provider frees go to the one still waiting."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import asyncpg
@@ -12,8 +11,9 @@ from apiserver import ApiServer
 
 from hookline.core import pools
 from support.inbox import insert_events
-from support.kube import eventually, kget
-from support.operator import condition, event_lines, start_operator
+from support.kube import kget
+from support.operator import condition, event_lines, start_operator, timer_ran
+from support.waiting import eventually
 
 PROVIDER = """
 apiVersion: hookline.io/v1alpha1
@@ -52,12 +52,12 @@ async def test_competing_providers_share_the_budget(apiserver: ApiServer, namesp
     try:
         for name in names:
             apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER.format(name=name))
-        eventually(lambda: all(kget(apiserver, namespace, "deployment", f"{n}-worker") for n in names),
-                   what="both Deployments")
+        await eventually(lambda: all(kget(apiserver, namespace, "deployment", f"{n}-worker") for n in names),
+                         what="both Deployments")
         # Each wants all five replicas (500 due events each); three fit.
         for name in names:
             await insert_events(pool, name, 500)
-        eventually(lambda: sorted(observe().values()) == [1, 2], what="fair shares 2 + 1")
+        await eventually(lambda: sorted(observe().values()) == [1, 2], what="fair shares 2 + 1")
         for name in names:
             whp = kget(apiserver, namespace, "whp", name)
             scaling = condition(whp, "Scaling")
@@ -66,14 +66,14 @@ async def test_competing_providers_share_the_budget(apiserver: ApiServer, namesp
             assert f"workers may hold {BUDGET} connections" in scaling["message"]
         warnings = [e for e in event_lines(apiserver, namespace) if e.startswith("Warning ConnectionBudget")]
         assert warnings, event_lines(apiserver, namespace)
-        for _ in range(8):  # the shares hold steady, tick after tick
+        for _ in range(2):  # the shares hold steady, tick after tick
+            await timer_ran(operator, "scale", runs=2 * len(names))
             observe()
-            await asyncio.sleep(0.25)
         assert sorted(replicas.values()) == [1, 2]
 
         # alpha's work is done: it scales to zero and beta grows into the freed connections.
         await pool.execute("UPDATE hookline.inbox SET status = 'done' WHERE provider = 'alpha'")
-        eventually(lambda: observe() == {"alpha": 0, "beta": 3}, what="beta takes the whole budget")
+        await eventually(lambda: observe() == {"alpha": 0, "beta": 3}, what="beta takes the whole budget")
         scaling = condition(kget(apiserver, namespace, "whp", "alpha"), "Scaling")
         assert (scaling["status"], scaling["reason"]) == ("True", "Active"), scaling
         assert seen_total <= 3

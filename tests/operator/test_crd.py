@@ -6,11 +6,12 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import time
 from typing import Any
 
 import pytest
 from apiserver import ApiServer
+
+from support.waiting import eventually_sync
 
 Spec = dict[str, Any]
 
@@ -293,10 +294,11 @@ def test_rbac_applies_to_service_account_tokens(apiserver: ApiServer, namespace:
         "create", "rolebinding", "whp-reader", *ns, "--role=whp-reader", f"--serviceaccount={namespace}:reader"
     )
     # The RBAC authorizer learns about new bindings through a watch: allow it a moment.
-    deadline = time.monotonic() + 10
-    while (allowed := apiserver.kubectl("get", "whp", "-n", namespace, token=token, check=False)).returncode != 0:
-        assert time.monotonic() < deadline, allowed.stderr
-        time.sleep(0.2)
+    def read_as_the_reader() -> None:
+        allowed = apiserver.kubectl("get", "whp", "-n", namespace, token=token, check=False)
+        assert allowed.returncode == 0, allowed.stderr
+
+    eventually_sync(read_as_the_reader, timeout=10, interval=0.2, what="the reader's new binding in effect")
     # The static admin token works too (for clients that cannot present a client certificate).
     whoami = apiserver.kubectl(
         "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}", token=apiserver.admin_token

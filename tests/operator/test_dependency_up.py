@@ -12,8 +12,8 @@ from kubernetes import client
 
 from hookline.core.embedded import free_port
 from hookline_operator.apiserver_probe import api_server_answers
-from support.kube import eventually
 from support.operator import start_operator
+from support.waiting import eventually_sync
 
 
 def _api_client(host: str, token: str, ca_file: Path) -> client.ApiClient:
@@ -39,6 +39,6 @@ def test_operator_exports_both_dependencies_up(apiserver: ApiServer, namespace: 
 
         for dependency in ("kubernetes", "postgres"):
             line = f'hookline_operator_dependency_up{{dependency="{dependency}"}} 1.0'
-            eventually(lambda line=line: line in exported(), what=line)
+            eventually_sync(lambda line=line: line in exported(), what=line)
     finally:
         operator.stop()

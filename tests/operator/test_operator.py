@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,12 +21,12 @@ from hookline.core.providers import stored_secrets
 from hookline.core.secrets_at_rest import configured_ring
 from support import senders
 from support.cluster import metric
-from support.endpoints import wait_for
 from support.inbox import insert_events
-from support.kube import eventually, kget
-from support.operator import permission_errors
+from support.kube import kget
+from support.operator import permission_errors, timer_ran
 from support.operator import start_operator as operator_process
 from support.processes import ServiceProcess, receiver, worker
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -63,6 +62,9 @@ def events(apiserver: ApiServer, namespace: str) -> list[str]:
     return [f"{e['reason']}: {e.get('message', '')}" for e in items]
 
 
+STATS_QUERIES = "hookline_operator_stats_queries_total"
+STABILIZATION_SECONDS = 3
+
 PROVIDER = """
 apiVersion: hookline.io/v1alpha1
 kind: WebhookProvider
@@ -72,12 +74,13 @@ spec:
   handler: "support.handlers:record_effect"
   leaseSeconds: 5
   retry: {{maxAttempts: 3, initialDelaySeconds: 1, maxDelaySeconds: 2}}
-  workers: {{minReplicas: 0, maxReplicas: 5, targetBacklogPerReplica: 100, scaleDownStabilizationSeconds: 3}}
+  workers: {{minReplicas: 0, maxReplicas: 5, targetBacklogPerReplica: 100,
+            scaleDownStabilizationSeconds: {stabilization}}}
 """
 
 
 def provider_yaml(name: str, overlap: int = 3) -> str:
-    return PROVIDER.format(name=name, overlap=overlap)
+    return PROVIDER.format(name=name, overlap=overlap, stabilization=STABILIZATION_SECONDS)
 
 
 async def post_signed(url: str, provider: str, secret: str) -> int:
@@ -97,8 +100,8 @@ def secret_value(apiserver: ApiServer, namespace: str, name: str) -> str:
 async def test_provider_gets_a_secret_a_row_workers_and_status(apiserver, namespace, database_url, operator,
                                                                log_dir, pool) -> None:
     apply(apiserver, namespace, provider_yaml("shop"))
-    whp = eventually(lambda: (o := get(apiserver, namespace, "whp", "shop"))
-                     and condition(o, "Ready").get("status") == "True" and o, what="Ready")
+    whp = await eventually(lambda: (o := get(apiserver, namespace, "whp", "shop"))
+                           and condition(o, "Ready").get("status") == "True" and o, what="Ready")
     assert condition(whp, "SecretReady")["status"] == "True"  # created: see the SecretCreated event below
     assert condition(whp, "Synced")["status"] == "True"
     assert condition(whp, "Ready")["observedGeneration"] == whp["metadata"]["generation"]
@@ -111,7 +114,7 @@ async def test_provider_gets_a_secret_a_row_workers_and_status(apiserver, namesp
     assert value.startswith("whsec_")
     # Secrets never reach status or events.
     assert value not in json.dumps(whp)
-    seen = eventually(lambda: events(apiserver, namespace), what="events")
+    seen = await eventually(lambda: events(apiserver, namespace), what="events")
     assert any(e.startswith("SecretCreated") for e in seen)
     assert all(value not in e for e in seen)
 
@@ -128,17 +131,17 @@ async def test_provider_gets_a_secret_a_row_workers_and_status(apiserver, namesp
         recv.stop()
 
     # One pending event (nothing runs the worker pods here): the operator scales 0 -> 1.
-    deployment = eventually(lambda: (d := get(apiserver, namespace, "deployment", "shop-worker"))
-                            and d["spec"]["replicas"] == 1 and d, what="one replica for a backlog of one")
+    deployment = await eventually(lambda: (d := get(apiserver, namespace, "deployment", "shop-worker"))
+                                  and d["spec"]["replicas"] == 1 and d, what="one replica for a backlog of one")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][:3] == ["worker", "--provider", "shop"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 5
     assert deployment["metadata"]["ownerReferences"][0]["name"] == "shop"
 
-    table = eventually(lambda: (out := apiserver.kubectl("get", "whp", "-n", namespace).stdout)
-                       and out.splitlines()[1].split()[:6] == ["shop", "standard-webhooks", "True", "1", "0", "1"]
-                       and out, what="printer columns with real values")
+    table = await eventually(lambda: (out := apiserver.kubectl("get", "whp", "-n", namespace).stdout)
+                             and out.splitlines()[1].split()[:6] == ["shop", "standard-webhooks", "True", "1", "0", "1"]
+                             and out, what="printer columns with real values")
     assert table.splitlines()[0].split() == ["NAME", "SCHEME", "READY", "BACKLOG", "DEAD", "REPLICAS", "AGE"]
 
     apiserver.kubectl("delete", "whp", "shop", "-n", namespace, "--wait=true", "--timeout=30s")
@@ -151,23 +154,27 @@ async def test_provider_gets_a_secret_a_row_workers_and_status(apiserver, namesp
 async def test_workers_follow_the_backlog_up_and_down_and_pause(apiserver, namespace, database_url, operator,
                                                                 pool) -> None:
     apply(apiserver, namespace, provider_yaml("scale"))
-    eventually(lambda: get(apiserver, namespace, "deployment", "scale-worker"), what="deployment")
+    await eventually(lambda: get(apiserver, namespace, "deployment", "scale-worker"), what="deployment")
     replicas = lambda: get(apiserver, namespace, "deployment", "scale-worker")["spec"]["replicas"]  # noqa: E731
     await insert_events(pool, "scale", 250)
-    eventually(lambda: replicas() == 3, what="scale up to 3")
+    await eventually(lambda: replicas() == 3, what="scale up to 3")
     await pool.execute("UPDATE hookline.inbox SET status = 'done'")
-    eventually(lambda: replicas() == 0, timeout=20, what="scale down to 0 after the window")
+    await eventually(lambda: replicas() == 0, timeout=20, what="scale down to 0 after the window")
     seen = events(apiserver, namespace)
     assert any(e.startswith("Scaled: scaled scale-worker from ") and " to 0 " in e for e in seen), seen
 
     apiserver.kubectl("annotate", "whp", "scale", "-n", namespace, "hookline.io/paused=true", "--overwrite")
-    eventually(lambda: condition(get(apiserver, namespace, "whp", "scale"), "Scaling").get("reason") == "Paused",
-               what="Paused")
+    await eventually(lambda: condition(get(apiserver, namespace, "whp", "scale"), "Scaling").get("reason") == "Paused",
+                     what="Paused")
     await insert_events(pool, "scale", 450)
-    await asyncio.sleep(3)
+    # Statistics that count the new events (a whole refresh after the insert), then scaling decisions
+    # made with them: unpaused, these would have scaled up.
+    queries = metric(operator.url, STATS_QUERIES)
+    await eventually(lambda: metric(operator.url, STATS_QUERIES) >= queries + 2, what="a statistics refresh")
+    await timer_ran(operator, "scale")
     assert replicas() == 0
     apiserver.kubectl("annotate", "whp", "scale", "-n", namespace, "hookline.io/paused-")
-    eventually(lambda: replicas() == 5, what="scale up to max after unpausing")
+    await eventually(lambda: replicas() == 5, what="scale up to max after unpausing")
 
 
 async def test_replicas_stay_when_postgres_is_unreachable(apiserver, namespace, tmp_path, log_dir) -> None:
@@ -182,12 +189,15 @@ async def test_replicas_stay_when_postgres_is_unreachable(apiserver, namespace, 
         conn = await asyncpg.connect(url)
         await insert_events(conn, "steady", 150)
         await conn.close()
-        eventually(lambda: get(apiserver, namespace, "deployment", "steady-worker")["spec"]["replicas"] == 2,
-                   what="scaled to 2")
+        await eventually(lambda: get(apiserver, namespace, "deployment", "steady-worker")["spec"]["replicas"] == 2,
+                         what="scaled to 2")
         await asyncio.to_thread(server.stop, "immediate")
-        eventually(lambda: condition(get(apiserver, namespace, "whp", "steady"), "Scaling").get("reason")
-                   == "DatabaseUnavailable", what="DatabaseUnavailable")
-        await asyncio.sleep(4)  # longer than the stabilization window
+        await eventually(lambda: condition(get(apiserver, namespace, "whp", "steady"), "Scaling").get("reason")
+                         == "DatabaseUnavailable", what="DatabaseUnavailable")
+        # The stabilization window is the behaviour's own clock: once it is over, scaling decisions
+        # would act on any recommendation made without statistics.
+        await asyncio.sleep(STABILIZATION_SECONDS)
+        await timer_ran(proc, "scale")
         assert get(apiserver, namespace, "deployment", "steady-worker")["spec"]["replicas"] == 2
     finally:
         proc.stop()
@@ -196,18 +206,15 @@ async def test_replicas_stay_when_postgres_is_unreachable(apiserver, namespace, 
 
 async def test_expired_leases_are_requeued_with_the_attempt_counted(apiserver, namespace, operator, pool) -> None:
     apply(apiserver, namespace, provider_yaml("leases"))
-    eventually(lambda: get(apiserver, namespace, "deployment", "leases-worker"), what="deployment")
+    await eventually(lambda: get(apiserver, namespace, "deployment", "leases-worker"), what="deployment")
     await insert_events(pool, "leases", 2)
     await pool.execute("UPDATE hookline.inbox SET status = 'processing', attempts = 1, locked_by = 'gone', "
                        "lease_expires_at = now() - interval '1 second'")
-    deadline = time.monotonic() + 20
-    while await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'pending'") != 2:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.25)
+    await _wait_pending(pool, 2)
     row = await pool.fetchrow("SELECT attempts, last_error FROM hookline.inbox LIMIT 1")
     assert row["attempts"] == 1 and "lease expired" in row["last_error"]
-    eventually(lambda: any(e.startswith("LeasesRequeued: returned 2") for e in events(apiserver, namespace)),
-               what="LeasesRequeued event")
+    await eventually(lambda: any(e.startswith("LeasesRequeued: returned 2") for e in events(apiserver, namespace)),
+                     what="LeasesRequeued event")
 
 
 async def _dead(pool: asyncpg.Pool, provider: str, n: int) -> None:
@@ -216,10 +223,8 @@ async def _dead(pool: asyncpg.Pool, provider: str, n: int) -> None:
 
 
 async def _wait_pending(pool: asyncpg.Pool, n: int) -> None:
-    deadline = time.monotonic() + 20
-    while await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'pending'") != n:
-        assert time.monotonic() < deadline, await pool.fetch("SELECT status, count(*) FROM hookline.inbox GROUP BY 1")
-        await asyncio.sleep(0.25)
+    await eventually(lambda: pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'pending'"), equals=n,
+                     what=f"{n} pending events")
 
 
 async def test_replay_once_per_token_also_across_restarts(apiserver, namespace, database_url, pool,
@@ -227,17 +232,17 @@ async def test_replay_once_per_token_also_across_restarts(apiserver, namespace, 
     op = start_operator(apiserver, namespace, database_url, log_dir)
     try:
         apply(apiserver, namespace, provider_yaml("replay"))
-        eventually(lambda: condition(get(apiserver, namespace, "whp", "replay"), "Ready").get("status") == "True")
+        await eventually(lambda: condition(get(apiserver, namespace, "whp", "replay"), "Ready").get("status") == "True")
         await _dead(pool, "replay", 4)
         apiserver.kubectl("annotate", "whp", "replay", "-n", namespace, "hookline.io/replay-dlq=t1", "--overwrite")
         await _wait_pending(pool, 4)
-        status = eventually(lambda: get(apiserver, namespace, "whp", "replay")["status"].get("replay"))
+        status = await eventually(lambda: get(apiserver, namespace, "whp", "replay")["status"].get("replay"))
         assert (status["lastHandledToken"], status["requeued"]) == ("t1", 4)
         assert any("DeadLettersReplayed: requeued 4" in e for e in events(apiserver, namespace))
         # Same token again: nothing happens.
         await pool.execute("UPDATE hookline.inbox SET status = 'dead'")
         apiserver.kubectl("annotate", "whp", "replay", "-n", namespace, "hookline.io/replay-dlq=t1", "--overwrite")
-        await asyncio.sleep(2.5)
+        await timer_ran(op, "annotation_tokens")
         assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'dead'") == 4
     finally:
         op.stop()
@@ -246,8 +251,8 @@ async def test_replay_once_per_token_also_across_restarts(apiserver, namespace, 
     op = start_operator(apiserver, namespace, database_url, log_dir)
     try:
         await _wait_pending(pool, 4)
-        status = eventually(lambda: (s := get(apiserver, namespace, "whp", "replay")["status"]["replay"])
-                            and s["lastHandledToken"] == "t2" and s)
+        status = await eventually(lambda: (s := get(apiserver, namespace, "whp", "replay")["status"]["replay"])
+                                  and s["lastHandledToken"] == "t2" and s)
         assert status["requeued"] == 4
     finally:
         op.stop()
@@ -255,7 +260,9 @@ async def test_replay_once_per_token_also_across_restarts(apiserver, namespace, 
     await pool.execute("UPDATE hookline.inbox SET status = 'dead'")
     op = start_operator(apiserver, namespace, database_url, log_dir)
     try:
-        await asyncio.sleep(3)
+        # Tokens are looked at once a sync has claimed the name, so: a sync, then token runs after it.
+        await timer_ran(op, "sync", runs=1)
+        await timer_ran(op, "annotation_tokens")
         assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'dead'") == 4
     finally:
         op.stop()
@@ -264,23 +271,19 @@ async def test_replay_once_per_token_also_across_restarts(apiserver, namespace, 
 async def test_rotation_keeps_the_old_secret_valid_for_the_overlap(apiserver, namespace, database_url, operator,
                                                                     log_dir) -> None:
     apply(apiserver, namespace, provider_yaml("rot", overlap=4))
-    eventually(lambda: condition(get(apiserver, namespace, "whp", "rot"), "Ready").get("status") == "True")
+    await eventually(lambda: condition(get(apiserver, namespace, "whp", "rot"), "Ready").get("status") == "True")
     old = secret_value(apiserver, namespace, "rot-webhook-secret")
     recv = receiver(database_url, log_dir)
     try:
         apiserver.kubectl("annotate", "whp", "rot", "-n", namespace, "hookline.io/rotate-secret=r1", "--overwrite")
-        new = eventually(lambda: (v := secret_value(apiserver, namespace, "rot-webhook-secret")) != old and v)
-        eventually(lambda: get(apiserver, namespace, "whp", "rot")["status"].get("rotation", {})
-                   .get("lastHandledToken") == "r1", what="rotation status")
-        deadline = time.monotonic() + 5
-        while await post_signed(recv.url, "rot", new) != 200:
-            assert time.monotonic() < deadline, "new secret not accepted"
-            await asyncio.sleep(0.2)
+        new = await eventually(lambda: (v := secret_value(apiserver, namespace, "rot-webhook-secret")) != old and v)
+        await eventually(lambda: get(apiserver, namespace, "whp", "rot")["status"].get("rotation", {})
+                         .get("lastHandledToken") == "r1", what="rotation status")
+        await eventually(lambda: post_signed(recv.url, "rot", new), equals=200, timeout=5, interval=0.2,
+                         what="the new secret accepted")
         assert await post_signed(recv.url, "rot", old) == 200  # both valid during the overlap
-        deadline = time.monotonic() + 15
-        while await post_signed(recv.url, "rot", old) != 401:
-            assert time.monotonic() < deadline, "old secret still accepted after the overlap"
-            await asyncio.sleep(0.3)
+        await eventually(lambda: post_signed(recv.url, "rot", old), equals=401, timeout=15, interval=0.3,
+                         what="the old secret refused after the overlap")
         assert await post_signed(recv.url, "rot", new) == 200
     finally:
         recv.stop()
@@ -301,8 +304,8 @@ spec:
   signature: {scheme: standard-webhooks, secretRef: {name: bad-secret, key: secret}}
   handler: "support.handlers:record_effect"
 """)
-    whp = eventually(lambda: (o := get(apiserver, namespace, "whp", "broken"))
-                     and condition(o, "Synced").get("reason") == "InvalidSpec" and o)
+    whp = await eventually(lambda: (o := get(apiserver, namespace, "whp", "broken"))
+                           and condition(o, "Synced").get("reason") == "InvalidSpec" and o)
     assert condition(whp, "Ready")["status"] == "False"
     assert "not-base64" not in json.dumps(whp)
 
@@ -327,17 +330,17 @@ async def test_an_operator_and_a_sweeping_worker_elect_one_lease_rescuer(apiserv
     sweeper = worker(database_url, log_dir, "--sweep")
     operator: ServiceProcess | None = None
     try:
-        worker_leader = await wait_for(lambda: _one_leader_not(pool, set()), timeout=60)
+        worker_leader = await eventually(lambda: _one_leader_not(pool, set()), timeout=60)
         operator = start_operator(apiserver, namespace, database_url, log_dir)
         # The operator's maintainer runs (its statistics job) but the worker stays the only leader.
         op = operator
-        await wait_for(lambda: metric(op.url, "hookline_operator_stats_queries_total") >= 2, timeout=60)
+        await eventually(lambda: metric(op.url, "hookline_operator_stats_queries_total") >= 2, timeout=60)
         assert await _inbox_leaders(pool) == [worker_leader]
         sweeper.stop()  # the operator, the only other candidate, takes over
-        operator_leader = await wait_for(lambda: _one_leader_not(pool, {worker_leader}), timeout=60)
+        operator_leader = await eventually(lambda: _one_leader_not(pool, {worker_leader}), timeout=60)
         sweeper = worker(database_url, log_dir, "--sweep")
         operator.stop()  # and the new worker takes over from it
-        await wait_for(lambda: _one_leader_not(pool, {worker_leader, operator_leader}), timeout=60)
+        await eventually(lambda: _one_leader_not(pool, {worker_leader, operator_leader}), timeout=60)
     finally:
         sweeper.stop()
         if operator is not None:

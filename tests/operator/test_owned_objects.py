@@ -15,9 +15,9 @@ import pytest
 from apiserver import ApiServer
 
 from support.cluster import apply, get
-from support.kube import eventually
 from support.operator import condition, event_lines, start_operator
 from support.processes import ServiceProcess
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -52,17 +52,17 @@ async def test_a_secret_ref_to_the_database_secret_is_read_but_never_rotated(api
                       "--from-literal=url=postgresql://hookline:pw@postgres:5432/hookline")
     before = get(apiserver, namespace, "secret", "hookline-database")
     apply(apiserver, namespace, provider("gh", "{scheme: github, secretRef: {name: hookline-database, key: url}}"))
-    whp = eventually(lambda: (o := get(apiserver, namespace, "whp", "gh"))
-                     and condition(o, "Ready").get("status") == "True" and o, what="Ready")
+    whp = await eventually(lambda: (o := get(apiserver, namespace, "whp", "gh"))
+                           and condition(o, "Ready").get("status") == "True" and o, what="Ready")
     assert "never rotates" in condition(whp, "SecretReady")["message"]
 
     apiserver.kubectl("annotate", "whp", "gh", "-n", namespace, "hookline.io/rotate-secret=r1", "--overwrite")
-    rotation = eventually(lambda: get(apiserver, namespace, "whp", "gh")["status"].get("rotation"),
-                          what="rotation acknowledged")
+    rotation = await eventually(lambda: get(apiserver, namespace, "whp", "gh")["status"].get("rotation"),
+                                what="rotation acknowledged")
     assert (rotation["lastHandledToken"], rotation["result"]) == ("r1", "Refused")
     assert "hookline-database" in rotation["message"] and "secretRef" in rotation["message"]
-    refused = eventually(lambda: condition(get(apiserver, namespace, "whp", "gh"), "SecretRotated"),
-                         what="SecretRotated condition")
+    refused = await eventually(lambda: condition(get(apiserver, namespace, "whp", "gh"), "SecretRotated"),
+                               what="SecretRotated condition")
     assert (refused["status"], refused["reason"]) == ("False", "RotationRefused")
     assert "hookline-database" in refused["message"]
     assert any(e.startswith("Warning RotationRefused") for e in event_lines(apiserver, namespace))
@@ -77,10 +77,10 @@ async def test_a_foreign_deployment_with_the_workers_name_is_left_alone(apiserve
                       "--replicas=2")
     before = get(apiserver, namespace, "deployment", "payments-worker")
     apply(apiserver, namespace, provider("payments", "{scheme: standard-webhooks}"))
-    whp = eventually(lambda: (o := get(apiserver, namespace, "whp", "payments"))
-                     and condition(o, "Ready").get("reason") == "ResourceConflict"
-                     and condition(o, "Scaling").get("reason") == "ResourceConflict" and o,
-                     what="ResourceConflict on Ready and Scaling")
+    whp = await eventually(lambda: (o := get(apiserver, namespace, "whp", "payments"))
+                           and condition(o, "Ready").get("reason") == "ResourceConflict"
+                           and condition(o, "Scaling").get("reason") == "ResourceConflict" and o,
+                           what="ResourceConflict on Ready and Scaling")
     ready = condition(whp, "Ready")
     assert ready["status"] == "False"
     assert "Deployment payments-worker" in ready["message"] and "not owned" in ready["message"]
@@ -99,8 +99,8 @@ async def test_a_foreign_secret_on_the_generated_name_is_not_adopted(apiserver, 
                       "--from-literal=secret=someone-elses")
     before = get(apiserver, namespace, "secret", "orders-webhook-secret")
     apply(apiserver, namespace, provider("orders", "{scheme: github}"))
-    whp = eventually(lambda: (o := get(apiserver, namespace, "whp", "orders"))
-                     and condition(o, "Ready").get("reason") == "ResourceConflict" and o, what="ResourceConflict")
+    whp = await eventually(lambda: (o := get(apiserver, namespace, "whp", "orders"))
+                           and condition(o, "Ready").get("reason") == "ResourceConflict" and o, what="ResourceConflict")
     assert "Secret orders-webhook-secret" in condition(whp, "Ready")["message"]
     assert condition(whp, "Synced")["status"] == "False"
     assert unchanged(before, get(apiserver, namespace, "secret", "orders-webhook-secret"))

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from apiserver import ApiServer
 
-from support.kube import eventually, kget
+from support.kube import kget
 from support.operator import condition, event_lines, start_operator
 from support.processes import ServiceProcess
+from support.waiting import eventually
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chart"))
 from chartkit import MINIMAL, deep_merge, render
@@ -87,17 +88,20 @@ def operator(apiserver: ApiServer, namespace: str, database_url: str, log_dir: P
     proc.stop()
 
 
-def pod_of(apiserver: ApiServer, namespace: str, provider: str) -> dict[str, Any]:
-    deployment = eventually(lambda: kget(apiserver, namespace, "deployment", f"{provider}-worker"),
-                            what=f"{provider}-worker")
-    pod: dict[str, Any] = deployment["spec"]["template"]
+def pod_template(apiserver: ApiServer, namespace: str, provider: str) -> dict[str, Any]:
+    pod: dict[str, Any] = kget(apiserver, namespace, "deployment", f"{provider}-worker")["spec"]["template"]
     return pod
+
+
+async def pod_of(apiserver: ApiServer, namespace: str, provider: str) -> dict[str, Any]:
+    """The workers' pod template, once the operator made their Deployment."""
+    return await eventually(lambda: pod_template(apiserver, namespace, provider), what=f"{provider}-worker")
 
 
 async def test_chart_values_reach_the_worker_deployment(apiserver: ApiServer, namespace: str, operator: ServiceProcess,
                                                         template_file: Path) -> None:
     apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER.format(name="plain", overrides=""))
-    pod = pod_of(apiserver, namespace, "plain")
+    pod = await pod_of(apiserver, namespace, "plain")
     spec = pod["spec"]
     container = next(c for c in spec["containers"] if c["name"] == "worker")
     assert container["image"] == WORKER_VALUES["image"]
@@ -125,7 +129,7 @@ async def test_chart_values_reach_the_worker_deployment(apiserver: ApiServer, na
 
     # A provider sets its resources and adds the placement the chart allows; the platform's stays.
     apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER.format(name="big", overrides=OVERRIDES))
-    big = pod_of(apiserver, namespace, "big")["spec"]
+    big = (await pod_of(apiserver, namespace, "big"))["spec"]
     big_container = next(c for c in big["containers"] if c["name"] == "worker")
     assert big_container["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"},
                                           "limits": {"cpu": "4", "memory": "2Gi"}}
@@ -134,15 +138,15 @@ async def test_chart_values_reach_the_worker_deployment(apiserver: ApiServer, na
                                   {"key": "big", "operator": "Exists", "effect": "NoSchedule"}]
     assert big["priorityClassName"] == "payments-critical"
     assert big["affinity"] == WORKER_VALUES["affinity"] and big_container["image"] == WORKER_VALUES["image"]
-    eventually(lambda: condition(kget(apiserver, namespace, "whp", "big"), "Ready").get("status") == "True",
-               what="big Ready")
+    await eventually(lambda: condition(kget(apiserver, namespace, "whp", "big"), "Ready").get("status") == "True",
+                     what="big Ready")
 
     # helm upgrade with a new value: the mounted file changes and every worker Deployment follows.
     template_file.write_text(chart_template({**WORKER_VALUES, "nodeSelector": {"pool": "workers-v2"}}))
-    eventually(lambda: pod_of(apiserver, namespace, "plain")["spec"]["nodeSelector"] == {"pool": "workers-v2"},
-               what="the new template on the existing Deployment")
-    eventually(lambda: pod_of(apiserver, namespace, "big")["spec"]["nodeSelector"]
-               == {"pool": "workers-v2", "disk": "ssd"}, what="the new platform value under big's addition")
+    await eventually(lambda: pod_template(apiserver, namespace, "plain")["spec"]["nodeSelector"],
+                     equals={"pool": "workers-v2"}, what="the new template on the existing Deployment")
+    await eventually(lambda: pod_template(apiserver, namespace, "big")["spec"]["nodeSelector"]
+                     == {"pool": "workers-v2", "disk": "ssd"}, what="the new platform value under big's addition")
 
 
 REFUSED = """    nodeSelector: {disk: ssd}
@@ -154,53 +158,54 @@ REFUSED = """    nodeSelector: {disk: ssd}
 async def test_placement_outside_the_allowance_is_refused_and_never_applied(
         apiserver: ApiServer, namespace: str, operator: ServiceProcess) -> None:
     apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER.format(name="greedy", overrides=REFUSED))
-    whp = eventually(lambda: (o := kget(apiserver, namespace, "whp", "greedy"))
-                     and condition(o, "Ready").get("reason") == "PlacementNotAllowed" and o,
-                     what="PlacementNotAllowed")
+    whp = await eventually(lambda: (o := kget(apiserver, namespace, "whp", "greedy"))
+                           and condition(o, "Ready").get("reason") == "PlacementNotAllowed" and o,
+                           what="PlacementNotAllowed")
     message = condition(whp, "Ready")["message"]
     assert "node-role.kubernetes.io/control-plane" in message and "system-cluster-critical" in message
     assert "disk" not in message  # allowed, so applied
     # The workers run, with the platform's placement and the allowed addition only.
-    spec = pod_of(apiserver, namespace, "greedy")["spec"]
+    spec = (await pod_of(apiserver, namespace, "greedy"))["spec"]
     assert spec["tolerations"] == WORKER_VALUES["tolerations"]
     assert spec["priorityClassName"] == WORKER_VALUES["priorityClassName"]
     assert spec["nodeSelector"] == {"pool": "workers", "disk": "ssd"}
-    eventually(lambda: any(e.startswith("Warning PlacementNotAllowed: ") for e in event_lines(apiserver, namespace)),
-               what="a Warning Event")
+    await eventually(lambda: any(e.startswith("Warning PlacementNotAllowed: ")
+                                 for e in event_lines(apiserver, namespace)),
+                     what="a Warning Event")
     # Asking only for what is allowed makes it Ready.
     apiserver.kubectl("apply", "-n", namespace, "-f", "-",
                       input=PROVIDER.format(name="greedy", overrides="    nodeSelector: {disk: ssd}\n"))
-    eventually(lambda: condition(kget(apiserver, namespace, "whp", "greedy"), "Ready").get("status") == "True",
-               what="Ready once the request is allowed")
+    await eventually(lambda: condition(kget(apiserver, namespace, "whp", "greedy"), "Ready").get("status") == "True",
+                     what="Ready once the request is allowed")
 
 
 async def test_a_broken_template_is_reported_not_applied(apiserver: ApiServer, namespace: str,
                                                          operator: ServiceProcess, template_file: Path) -> None:
     apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER.format(name="keep", overrides=""))
-    before = pod_of(apiserver, namespace, "keep")
+    before = await pod_of(apiserver, namespace, "keep")
     template_file.write_text("concurrency: 4\npod: {spec: {containers: [{name: sidecar}]}}\n")
-    whp = eventually(lambda: (o := kget(apiserver, namespace, "whp", "keep"))
-                     and condition(o, "Ready").get("reason") == "InvalidWorkerTemplate" and o,
-                     what="InvalidWorkerTemplate")
+    whp = await eventually(lambda: (o := kget(apiserver, namespace, "whp", "keep"))
+                           and condition(o, "Ready").get("reason") == "InvalidWorkerTemplate" and o,
+                           what="InvalidWorkerTemplate")
     assert "container named 'worker'" in condition(whp, "Ready")["message"]
-    assert pod_of(apiserver, namespace, "keep") == before
+    assert pod_template(apiserver, namespace, "keep") == before
 
 
 async def test_a_tightened_allowance_takes_back_what_it_allowed(apiserver: ApiServer, namespace: str,
                                                                 operator: ServiceProcess, template_file: Path) -> None:
     apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=PROVIDER.format(name="loose", overrides=OVERRIDES))
-    eventually(lambda: pod_of(apiserver, namespace, "loose")["spec"]["nodeSelector"].get("disk") == "ssd",
-               what="the allowed additions")
+    await eventually(lambda: pod_template(apiserver, namespace, "loose")["spec"]["nodeSelector"].get("disk") == "ssd",
+                     what="the allowed additions")
     # helm upgrade: no tenant placement allowed any more, and a platform without tolerations or priority.
     platform = {**WORKER_VALUES, "tolerations": [], "priorityClassName": "", "tenantPlacement": {}}
     template_file.write_text(chart_template(platform))
-    whp = eventually(lambda: (o := kget(apiserver, namespace, "whp", "loose"))
-                     and condition(o, "Ready").get("reason") == "PlacementNotAllowed" and o,
-                     what="PlacementNotAllowed after the upgrade")
+    whp = await eventually(lambda: (o := kget(apiserver, namespace, "whp", "loose"))
+                           and condition(o, "Ready").get("reason") == "PlacementNotAllowed" and o,
+                           what="PlacementNotAllowed after the upgrade")
     assert "disk=ssd" in condition(whp, "Ready")["message"]
     # The Deployment holds exactly the platform's placement: nothing of the team's stays behind.
-    spec = eventually(lambda: (p := pod_of(apiserver, namespace, "loose")["spec"])
-                      and "priorityClassName" not in p and p, what="the priority class taken back")
+    spec = await eventually(lambda: (p := pod_template(apiserver, namespace, "loose")["spec"])
+                            and "priorityClassName" not in p and p, what="the priority class taken back")
     assert spec["nodeSelector"] == WORKER_VALUES["nodeSelector"]
     assert "tolerations" not in spec
     assert spec["affinity"] == WORKER_VALUES["affinity"]

@@ -22,11 +22,12 @@ from apiserver import ApiServer
 from hookline.core.providers import stored_secrets
 from hookline.core.secrets_at_rest import configured_ring
 from support.cluster import apply, get, new_namespace
-from support.inbox import insert_events, wait_for
-from support.kube import eventually
+from support.inbox import insert_events
 from support.operator import condition, start_operator
 from support.operator import event_lines as events
+from support.postgres import lock_waiters
 from support.processes import ServiceProcess
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -58,7 +59,8 @@ def teams(apiserver: ApiServer) -> tuple[str, str]:
 @pytest.fixture
 def operator(apiserver: ApiServer, teams: tuple[str, str], database_url: str, log_dir: Path
              ) -> Iterator[ServiceProcess]:
-    proc = start_operator(apiserver, list(teams), database_url, log_dir)
+    # DEBUG: kopf's account of the timers it waits for on a deletion.
+    proc = start_operator(apiserver, list(teams), database_url, log_dir, extra_args=("--log-level", "DEBUG"))
     yield proc
     proc.stop()
 
@@ -67,9 +69,9 @@ def whp(apiserver: ApiServer, namespace: str) -> dict[str, Any]:
     return get(apiserver, namespace, "whp", NAME)
 
 
-def ready(apiserver: ApiServer, namespace: str, reason: str) -> dict[str, Any]:
-    return eventually(lambda: (o := whp(apiserver, namespace)) and condition(o, "Ready").get("reason") == reason
-                      and o, what=f"Ready reason {reason} in {namespace}")
+async def ready(apiserver: ApiServer, namespace: str, reason: str) -> dict[str, Any]:
+    return await eventually(lambda: (o := whp(apiserver, namespace)) and condition(o, "Ready").get("reason") == reason
+                            and o, what=f"Ready reason {reason} in {namespace}")
 
 
 async def owner(pool: asyncpg.Pool) -> tuple[str | None, str | None]:
@@ -92,21 +94,23 @@ async def test_the_first_namespace_owns_the_name_until_it_is_deleted(apiserver, 
                                                                      order) -> None:
     first, second = teams if order == "a-first" else teams[::-1]
     apply(apiserver, first, provider(url_of(first)))
-    ready(apiserver, first, "Reconciled")
+    await ready(apiserver, first, "Reconciled")
     apply(apiserver, second, provider(url_of(second)))
-    loser = ready(apiserver, second, "NameConflict")
+    loser = await ready(apiserver, second, "NameConflict")
     message = condition(loser, "Ready")["message"]
     assert "already taken" in message and f"/webhooks/{NAME}" in message
     assert condition(loser, "Synced")["reason"] == "NameConflict"
     # The claimant learns that the name is taken, never by whom; the operator's log says.
-    conflicts = eventually(lambda: [e for e in events(apiserver, second) if e.startswith("Warning NameConflict: ")],
-                           what="the claimant's NameConflict Event")
+    conflicts = await eventually(lambda: [e for e in events(apiserver, second)
+                                          if e.startswith("Warning NameConflict: ")],
+                                 what="the claimant's NameConflict Event")
     assert all(first not in text for text in [*conflicts, *(c["message"] for c in loser["status"]["conditions"])])
-    eventually(lambda: f"WebhookProvider {first}/{NAME}" in operator.logs(), what="the owner in the operator's log")
+    await eventually(lambda: f"WebhookProvider {first}/{NAME}" in operator.logs(),
+                     what="the owner in the operator's log")
     # Never synced, no workers, none of the owner's numbers.
     assert await owner(pool) == (first, url_of(first))
     await insert_events(pool, NAME, 3)
-    eventually(lambda: whp(apiserver, first)["status"].get("backlog") == 3, what="the owner's backlog")
+    await eventually(lambda: whp(apiserver, first)["status"].get("backlog") == 3, what="the owner's backlog")
     assert "backlog" not in whp(apiserver, second)["status"]
     assert f"{NAME}-worker" not in deployments(apiserver, second)
 
@@ -117,31 +121,31 @@ async def test_the_first_namespace_owns_the_name_until_it_is_deleted(apiserver, 
 
     # Once the owner is deleted, the other namespace takes the name over on its own.
     apply(apiserver, second, provider(url_of(second)))
-    ready(apiserver, second, "NameConflict")
+    await ready(apiserver, second, "NameConflict")
     delete(apiserver, first)
-    ready(apiserver, second, "Reconciled")
+    await ready(apiserver, second, "Reconciled")
     assert await owner(pool) == (second, url_of(second))
     # The previous owner's events are archived under NAME@uid (migration 0015), never the new owner's.
-    eventually(lambda: whp(apiserver, second)["status"].get("backlog") == 0, what="the new owner's empty backlog")
+    await eventually(lambda: whp(apiserver, second)["status"].get("backlog") == 0, what="the new owner's empty backlog")
     assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE provider LIKE $1", f"{NAME}@%") == 3
-    eventually(lambda: f"{NAME}-worker" in deployments(apiserver, second), what="the new owner's workers")
+    await eventually(lambda: f"{NAME}-worker" in deployments(apiserver, second), what="the new owner's workers")
 
 
 async def test_replay_and_rotation_in_one_namespace_never_touch_the_other(apiserver, teams, operator,
                                                                           pool) -> None:
     owner_ns, other_ns = teams
     apply(apiserver, owner_ns, provider(url_of(owner_ns)))
-    ready(apiserver, owner_ns, "Reconciled")
+    await ready(apiserver, owner_ns, "Reconciled")
     apply(apiserver, other_ns, provider(url_of(other_ns)))
-    ready(apiserver, other_ns, "NameConflict")
+    await ready(apiserver, other_ns, "NameConflict")
     await insert_events(pool, NAME, 4)
     await pool.execute("UPDATE hookline.inbox SET status = 'dead', attempts = 3")
     owner_secret = get(apiserver, owner_ns, "secret", f"{NAME}-webhook-secret")
 
     apiserver.kubectl("annotate", "whp", NAME, "-n", other_ns, "hookline.io/replay-dlq=t1", "--overwrite")
     apiserver.kubectl("annotate", "whp", NAME, "-n", other_ns, "hookline.io/rotate-secret=r1", "--overwrite")
-    status = eventually(lambda: (s := whp(apiserver, other_ns)["status"]) and "replay" in s and "rotation" in s
-                        and s, what="both requests acknowledged")
+    status = await eventually(lambda: (s := whp(apiserver, other_ns)["status"]) and "replay" in s and "rotation" in s
+                              and s, what="both requests acknowledged")
     assert (status["replay"]["lastHandledToken"], status["replay"]["requeued"]) == ("t1", 0)
     assert (status["rotation"]["lastHandledToken"], status["rotation"]["result"]) == ("r1", "Refused")
     seen = events(apiserver, other_ns)
@@ -154,18 +158,18 @@ async def test_replay_and_rotation_in_one_namespace_never_touch_the_other(apiser
 
     # The owner's own requests work, in its namespace only.
     apiserver.kubectl("annotate", "whp", NAME, "-n", owner_ns, "hookline.io/replay-dlq=t1", "--overwrite")
-    replayed = eventually(lambda: whp(apiserver, owner_ns)["status"].get("replay"), what="owner's replay")
+    replayed = await eventually(lambda: whp(apiserver, owner_ns)["status"].get("replay"), what="owner's replay")
     assert replayed["requeued"] == 4
     assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'pending'") == 4
     apiserver.kubectl("annotate", "whp", NAME, "-n", owner_ns, "hookline.io/rotate-secret=r1", "--overwrite")
-    eventually(lambda: get(apiserver, owner_ns, "secret", f"{NAME}-webhook-secret")["data"]["secret"]
-               != owner_secret["data"]["secret"], what="the owner's secret rotated")
+    await eventually(lambda: get(apiserver, owner_ns, "secret", f"{NAME}-webhook-secret")["data"]["secret"]
+                     != owner_secret["data"]["secret"], what="the owner's secret rotated")
     new_value = base64.b64decode(get(apiserver, owner_ns, "secret", f"{NAME}-webhook-secret")["data"]["secret"])
-    deadline = asyncio.get_running_loop().time() + 30
-    while new_value.decode() not in [s["value"] for s in stored_secrets(configured_ring(), NAME, await pool.fetchval(
-            "SELECT secrets FROM hookline.providers WHERE name = $1", NAME))]:
-        assert asyncio.get_running_loop().time() < deadline, "the rotated secret never reached the provider row"
-        await asyncio.sleep(0.25)
+    async def rotated_secret_stored() -> bool:
+        sealed = await pool.fetchval("SELECT secrets FROM hookline.providers WHERE name = $1", NAME)
+        return new_value.decode() in [s["value"] for s in stored_secrets(configured_ring(), NAME, sealed)]
+
+    await eventually(rotated_secret_stored, what="the rotated secret in the provider row")
     # The other namespace has no Secret of the owner's, and its own is its own.
     other_secret = get(apiserver, other_ns, "secret", f"{NAME}-webhook-secret")
     assert other_secret["data"]["secret"] != owner_secret["data"]["secret"]
@@ -178,9 +182,9 @@ async def test_an_owner_deleted_behind_the_operators_back_hands_the_name_over(ap
     operator = start_operator(apiserver, list(teams), database_url, log_dir)
     try:
         apply(apiserver, owner_ns, provider(url_of(owner_ns)))
-        ready(apiserver, owner_ns, "Reconciled")
+        await ready(apiserver, owner_ns, "Reconciled")
         apply(apiserver, other_ns, provider(url_of(other_ns)))
-        ready(apiserver, other_ns, "NameConflict")
+        await ready(apiserver, other_ns, "NameConflict")
     finally:
         operator.stop()
     # The owner goes away without its finalizer running: the name is never released.
@@ -190,7 +194,7 @@ async def test_an_owner_deleted_behind_the_operators_back_hands_the_name_over(ap
     operator = start_operator(apiserver, list(teams), database_url, log_dir)
     try:
         # The API server says the owner is gone: the waiting resource takes the name over.
-        ready(apiserver, other_ns, "Reconciled")
+        await ready(apiserver, other_ns, "Reconciled")
         assert await owner(pool) == (other_ns, url_of(other_ns))
     finally:
         operator.stop()
@@ -206,26 +210,26 @@ async def test_a_resource_deleted_while_its_timer_runs_is_gone_once_the_timer_en
     timers happened to be running (kubectl delete --timeout=30s failed)."""
     owner_ns, claimant_ns = teams
     apply(apiserver, owner_ns, provider(url_of(owner_ns)))
-    ready(apiserver, owner_ns, "Reconciled")
+    await ready(apiserver, owner_ns, "Reconciled")
     apply(apiserver, claimant_ns, provider(url_of(claimant_ns)))
-    ready(apiserver, claimant_ns, "NameConflict")
+    await ready(apiserver, claimant_ns, "NameConflict")
     # Settled: its next sync finds what this one did (its first reported the Secret created).
-    eventually(lambda: condition(whp(apiserver, claimant_ns), "SecretReady").get("reason") == "SecretFound",
-               what="the claimant's status settled")
+    await eventually(lambda: condition(whp(apiserver, claimant_ns), "SecretReady").get("reason") == "SecretFound",
+                     what="the claimant's status settled")
     locker = await asyncpg.connect(database_url)
     try:
         hold = locker.transaction()
         await hold.start()
         await locker.execute("SELECT 1 FROM hookline.providers WHERE name = $1 FOR UPDATE", NAME)
-        # A sync timer (every second) runs its claim into the lock.
-        await wait_for(pool, "SELECT count(*) > 0 FROM pg_stat_activity WHERE datname = current_database() "
-                             "AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO hookline.providers%'",
-                       True, timeout=15)
-        # The owner re-claims its row now and then too: a tick more, and the claimant's sync (every
-        # second) is held whichever claim came first.
-        await asyncio.sleep(1.5)
+        # Both sync timers run their claim into the lock: the claimant's on its next tick, the
+        # owner's when it re-claims its row (every RESYNC_EVERY_TICKS ticks). A resource runs one
+        # sync at a time, so two claims waiting are one of each.
+        await eventually(lambda: lock_waiters(pool, "%INSERT INTO hookline.providers%"), equals=2,
+                         what="the claims of both resources waiting on the lock")
         apiserver.kubectl("delete", "whp", NAME, "-n", claimant_ns, "--wait=false")
-        await asyncio.sleep(2)  # the delete handler runs meanwhile; the timer is still held
+        # The delete handler runs meanwhile, and kopf finds the timer still running (kopf's DEBUG line).
+        await eventually(lambda: "Timer 'sync' is still exiting." in operator.logs(),
+                         what="kopf waiting for the claimant's sync timer to end")
         assert whp(apiserver, claimant_ns)["metadata"]["deletionTimestamp"]
         await hold.rollback()
         started = asyncio.get_running_loop().time()

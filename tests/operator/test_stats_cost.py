@@ -20,9 +20,9 @@ from apiserver import ApiServer
 from hookline.core import migrations
 from hookline.core.embedded import EmbeddedPostgres, free_port
 from support.cluster import apply, metric
-from support.kube import eventually
 from support.operator import operator_env
 from support.processes import ServiceProcess
+from support.waiting import eventually
 
 PROVIDERS = 200
 INTERVAL = 5.0  # seconds per tick; 200 resources x 4 timers on a shared CI machine
@@ -93,8 +93,8 @@ async def test_two_hundred_providers_cost_one_statistics_query_per_tick(apiserve
     conn = await asyncpg.connect(counted_database)
     try:
         # Generous: creating 200 providers' Secrets, roles and Deployments on a loaded 2-core box.
-        eventually(lambda: ready_count(apiserver, namespace) == PROVIDERS, timeout=900,
-                   what=f"{PROVIDERS} providers Ready")
+        await eventually(lambda: ready_count(apiserver, namespace) == PROVIDERS, timeout=900,
+                         what=f"{PROVIDERS} providers Ready")
         # One dead event per provider (this test's statements are tagged and not counted).
         await conn.execute("/* test: */ INSERT INTO hookline.inbox (provider, event_id, body, status) "
                            "SELECT 'p' || lpad(i::text, 3, '0'), 'e', '\\x'::bytea, 'dead' "
@@ -104,11 +104,11 @@ async def test_two_hundred_providers_cost_one_statistics_query_per_tick(apiserve
         before = await inbox_statements(conn)
 
         # Every resource shows its own dead letter: all 200 read the statistics in this window.
-        eventually(lambda: [s.get("deadLetters") for s in statuses(apiserver, namespace)] == [1] * PROVIDERS,
-                   timeout=120, what="every provider's deadLetters = 1")
+        await eventually(lambda: [s.get("deadLetters") for s in statuses(apiserver, namespace)] == [1] * PROVIDERS,
+                         timeout=120, what="every provider's deadLetters = 1")
         ticks_target = ticks_before + TICKS
-        eventually(lambda: metric(operator.url, "hookline_operator_stats_queries_total") >= ticks_target,
-                   timeout=120, what=f"{TICKS} more ticks")
+        await eventually(lambda: metric(operator.url, "hookline_operator_stats_queries_total") >= ticks_target,
+                         timeout=120, what=f"{TICKS} more ticks")
         after = await inbox_statements(conn)
         ticks = metric(operator.url, "hookline_operator_stats_queries_total") - ticks_before
     finally:

@@ -26,9 +26,9 @@ from hookline_operator.reconcile import Observation, SyncState, WorkersState, de
 from hookline_operator.stats import INT64_MAX, status_fields
 from support.cluster import apply, get
 from support.inbox import insert_events
-from support.kube import eventually
 from support.operator import condition, start_operator
 from support.processes import ServiceProcess
+from support.waiting import eventually
 
 PROVIDER = """
 apiVersion: hookline.io/v1alpha1
@@ -111,14 +111,14 @@ def operator(apiserver: ApiServer, namespace: str, database_url: str, log_dir: P
 
 async def test_future_retries_are_reported_apart_and_scale_nothing(apiserver, namespace, operator, pool) -> None:
     apply(apiserver, namespace, PROVIDER)
-    eventually(lambda: get(apiserver, namespace, "deployment", "signals-worker"), what="workers Deployment")
+    await eventually(lambda: get(apiserver, namespace, "deployment", "signals-worker"), what="workers Deployment")
     await insert_events(pool, "signals", 250)
     await pool.execute("UPDATE hookline.inbox SET attempts = 1, next_attempt_at = now() + interval '1 hour'")
-    status = eventually(lambda: (s := get(apiserver, namespace, "whp", "signals")["status"])
-                        and s.get("retrying") == 250 and s, what="retrying 250 in status")
+    status = await eventually(lambda: (s := get(apiserver, namespace, "whp", "signals")["status"])
+                              and s.get("retrying") == 250 and s, what="retrying 250 in status")
     assert (status["backlog"], status["oldestPendingSeconds"], status["inFlight"]) == (0, 0, 0)
-    scaling = eventually(lambda: condition(get(apiserver, namespace, "whp", "signals"), "Scaling"),
-                         what="Scaling condition")
+    scaling = await eventually(lambda: condition(get(apiserver, namespace, "whp", "signals"), "Scaling"),
+                               what="Scaling condition")
     assert scaling["reason"] == "Active" and "retrying 250" in scaling["message"], scaling
     assert get(apiserver, namespace, "deployment", "signals-worker")["spec"]["replicas"] == 0
     # The status patch was accepted: no 422 anywhere but in a timestamp's milliseconds ("01:46:29.422").
@@ -131,8 +131,8 @@ async def test_future_retries_are_reported_apart_and_scale_nothing(apiserver, na
 
     # The same events once due: backlog, a real age, and workers.
     await pool.execute("UPDATE hookline.inbox SET next_attempt_at = now() - interval '30 seconds'")
-    status = eventually(lambda: (s := get(apiserver, namespace, "whp", "signals")["status"])
-                        and s.get("backlog") == 250 and s, what="backlog 250")
+    status = await eventually(lambda: (s := get(apiserver, namespace, "whp", "signals")["status"])
+                              and s.get("backlog") == 250 and s, what="backlog 250")
     assert status["retrying"] == 0 and status["oldestPendingSeconds"] >= 30
-    eventually(lambda: get(apiserver, namespace, "deployment", "signals-worker")["spec"]["replicas"] == 3,
-               what="3 replicas for 250 due events")
+    await eventually(lambda: get(apiserver, namespace, "deployment", "signals-worker")["spec"]["replicas"] == 3,
+                     what="3 replicas for 250 due events")

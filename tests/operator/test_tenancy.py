@@ -17,10 +17,11 @@ from apiserver import ApiServer
 
 from hookline.core.providers import stored_destination_secret, stored_secrets
 from hookline.core.secrets_at_rest import configured_ring
-from support.inbox import create_effect_tables, insert_events, wait_for
-from support.kube import eventually, kget
+from support.inbox import create_effect_tables, insert_events
+from support.kube import kget
 from support.operator import condition, event_lines, start_operator
 from support.processes import worker
+from support.waiting import eventually
 
 HANDLER_PROVIDER = """
 apiVersion: hookline.io/v1alpha1
@@ -48,10 +49,10 @@ def new_namespace(apiserver: ApiServer) -> str:
     return name
 
 
-def ready(apiserver: ApiServer, namespace: str, name: str) -> dict[str, Any]:
-    whp: dict[str, Any] = eventually(lambda: (o := kget(apiserver, namespace, "whp", name))
-                                     and condition(o, "Ready").get("status") == "True" and o,
-                                     what=f"{namespace}/{name} Ready")
+async def ready(apiserver: ApiServer, namespace: str, name: str) -> dict[str, Any]:
+    whp: dict[str, Any] = await eventually(lambda: (o := kget(apiserver, namespace, "whp", name))
+                                           and condition(o, "Ready").get("status") == "True" and o,
+                                           what=f"{namespace}/{name} Ready")
     return whp
 
 
@@ -77,11 +78,11 @@ async def test_a_namespace_holds_no_credential_for_another_namespace(apiserver: 
         apiserver.kubectl("apply", "-n", team_a, "-f", "-",
                           input=HANDLER_PROVIDER.format(name=pa, handler="support.handlers:record_effect"))
         apiserver.kubectl("apply", "-n", team_b, "-f", "-", input=DESTINATION_PROVIDER.format(name=pb))
-        whp_a, whp_b = ready(apiserver, team_a, pa), ready(apiserver, team_b, pb)
+        whp_a, whp_b = await ready(apiserver, team_a, pa), await ready(apiserver, team_b, pb)
 
         # The workers' credential: an owned Secret their Deployment reads, a role of its own.
-        credential = eventually(lambda: secrets_in(apiserver, team_a).get(f"{pa}-hookline-database"),
-                                what="the workers' database Secret")["url"]
+        credential = await eventually(lambda: secrets_in(apiserver, team_a).get(f"{pa}-hookline-database"),
+                                      what="the workers' database Secret")["url"]
         assert owner_uid(apiserver, team_a, f"{pa}-hookline-database") == whp_a["metadata"]["uid"]
         assert urlsplit(credential).username != urlsplit(database_url).username
         deployment = kget(apiserver, team_a, "deployment", f"{pa}-worker")
@@ -89,8 +90,8 @@ async def test_a_namespace_holds_no_credential_for_another_namespace(apiserver: 
         assert env["HOOKLINE_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == f"{pa}-hookline-database"
 
         # The destination signing secret: an owned Secret holding what the workers sign with.
-        destination = eventually(lambda: secrets_in(apiserver, team_b).get(f"{pb}-destination-secret"),
-                                 what="the destination Secret")["secret"]
+        destination = await eventually(lambda: secrets_in(apiserver, team_b).get(f"{pb}-destination-secret"),
+                                       what="the destination Secret")["secret"]
         assert owner_uid(apiserver, team_b, f"{pb}-destination-secret") == whp_b["metadata"]["uid"]
         assert destination == stored_destination_secret(configured_ring(), pb, await pool.fetchval(
             "SELECT destination_secret FROM hookline.providers WHERE name = $1", pb))
@@ -98,8 +99,8 @@ async def test_a_namespace_holds_no_credential_for_another_namespace(apiserver: 
         assert all(destination not in e for e in event_lines(apiserver, team_b))
         assert f"{pa}-destination-secret" not in secrets_in(apiserver, team_a)  # a handler signs nothing
         # Its workers read it from that Secret, mounted; they never get the key to the stored secrets.
-        pod_b = eventually(lambda: kget(apiserver, team_b, "deployment", f"{pb}-worker"),
-                           what="the destination provider's workers")["spec"]["template"]["spec"]
+        pod_b = await eventually(lambda: kget(apiserver, team_b, "deployment", f"{pb}-worker"),
+                                 what="the destination provider's workers")["spec"]["template"]["spec"]
         env_b = {e["name"]: e.get("value") for e in pod_b["containers"][0]["env"]}
         assert env_b["HOOKLINE_DESTINATION_SECRET_FILE"] == "/etc/hookline/destination/secret"
         assert "HOOKLINE_SECRET_KEYS_FILE" not in env_b and "HOOKLINE_SECRET_KEYS_FILE" not in env
@@ -144,7 +145,8 @@ async def test_a_namespace_holds_no_credential_for_another_namespace(apiserver: 
         await pool.execute(f'GRANT INSERT ON test_effects, test_calls TO "{role}"')
         proc = worker(credential, log_dir, "--provider", pa)
         try:
-            await wait_for(pool, "SELECT count(*) FROM test_effects WHERE provider = $1", 3, pa)
+            await eventually(lambda: pool.fetchval("SELECT count(*) FROM test_effects WHERE provider = $1", pa),
+                             equals=3)
         finally:
             proc.stop()
         assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE provider = $1 AND status = 'done'",
@@ -166,8 +168,9 @@ async def test_a_foreign_secret_on_the_credential_name_is_never_adopted(apiserve
     operator = start_operator(apiserver, [namespace], database_url, log_dir)
     try:
         apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=DESTINATION_PROVIDER.format(name="taken"))
-        whp = eventually(lambda: (o := kget(apiserver, namespace, "whp", "taken"))
-                         and condition(o, "Ready").get("reason") == "ResourceConflict" and o, what="ResourceConflict")
+        whp = await eventually(lambda: (o := kget(apiserver, namespace, "whp", "taken"))
+                               and condition(o, "Ready").get("reason") == "ResourceConflict" and o,
+                               what="ResourceConflict")
         assert "taken-hookline-database" in condition(whp, "Ready")["message"]
         assert secrets_in(apiserver, namespace)["taken-hookline-database"] == {"url": "postgresql://someone:else@db/x"}
     finally:
@@ -185,23 +188,24 @@ async def test_handler_modules_outside_the_namespace_prefixes_are_refused(apiser
                           input=HANDLER_PROVIDER.format(name="sneaky", handler="support.handlersx:record_effect"))
         apiserver.kubectl("apply", "-n", namespace, "-f", "-",
                           input=HANDLER_PROVIDER.format(name="allowed", handler="support.handlers:record_effect"))
-        whp = eventually(lambda: (o := kget(apiserver, namespace, "whp", "sneaky"))
-                         and condition(o, "Ready").get("reason") == "HandlerNotAllowed" and o,
-                         what="HandlerNotAllowed")
+        whp = await eventually(lambda: (o := kget(apiserver, namespace, "whp", "sneaky"))
+                               and condition(o, "Ready").get("reason") == "HandlerNotAllowed" and o,
+                               what="HandlerNotAllowed")
         ready_condition = condition(whp, "Ready")
         assert ready_condition["status"] == "False"
         assert "'support.handlersx'" in ready_condition["message"]
         assert "'support.handlers'" in ready_condition["message"]  # what is allowed
         assert condition(whp, "Synced")["reason"] == "HandlerNotAllowed"
-        ready(apiserver, namespace, "allowed")
+        await ready(apiserver, namespace, "allowed")
         assert await pool.fetchval("SELECT count(*) FROM hookline.providers WHERE name = 'sneaky'") == 0
         assert apiserver.kubectl("get", "deployment", "sneaky-worker", "-n", namespace, check=False).returncode != 0
-        eventually(lambda: any(e.startswith("Warning HandlerNotAllowed") for e in event_lines(apiserver, namespace)),
-                   what="a Warning Event")
+        await eventually(lambda: any(e.startswith("Warning HandlerNotAllowed")
+                                     for e in event_lines(apiserver, namespace)),
+                         what="a Warning Event")
 
         # Fixed to a granted module, it is synced.
         apiserver.kubectl("apply", "-n", namespace, "-f", "-",
                           input=HANDLER_PROVIDER.format(name="sneaky", handler="support.handlers:record_effect"))
-        ready(apiserver, namespace, "sneaky")
+        await ready(apiserver, namespace, "sneaky")
     finally:
         operator.stop()

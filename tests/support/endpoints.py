@@ -112,16 +112,3 @@ class TestEndpoint:
         if self._runner:
             await self._runner.cleanup()
 
-
-async def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
-    """Poll ``predicate`` (sync or async) until truthy; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(interval)

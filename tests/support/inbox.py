@@ -1,10 +1,8 @@
-"""Inbox helpers for worker tests: tables that record effects, events inserted directly, waiting."""
+"""Inbox helpers for worker tests: tables that record effects, events inserted directly."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 import uuid
 
 import asyncpg
@@ -37,20 +35,6 @@ async def insert_events(conn: asyncpg.Connection | asyncpg.Pool, provider: str, 
         "SELECT $1, e, $3, $4, b, 'application/json' FROM unnest($2::text[], $5::bytea[]) AS u(e, b)",
         provider, ids, event_type, entity_key, bodies)
     return ids
-
-
-async def wait_for(conn: asyncpg.Connection | asyncpg.Pool, sql: str, expected: object, *args: object,
-                   timeout: float = 60.0) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await conn.fetchval(sql, *args)
-        if value == expected:
-            return value
-        if time.monotonic() > deadline:
-            rows = await conn.fetch("SELECT event_id, status, attempts, last_error FROM hookline.inbox LIMIT 10")
-            raise AssertionError(f"{sql!r} is {value!r}, expected {expected!r} after {timeout}s; inbox: "
-                                 + "; ".join(str(dict(r)) for r in rows))
-        await asyncio.sleep(0.1)
 
 
 async def status_counts(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, int]:

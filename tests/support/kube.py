@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +39,3 @@ def kget(api: ApiServer, namespace: str, *what: str) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(api.kubectl("get", "-n", namespace, *what, "-o", "json").stdout)
     return result
 
-
-def eventually(check: Callable[[], Any], what: str = "", timeout: float = 45.0) -> Any:
-    """Poll ``check`` until it returns something truthy; exceptions count as 'not yet'."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except Exception as exc:
-            last = exc
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what or check}: last {last!r}")

@@ -19,6 +19,7 @@ from apiserver import ApiServer
 from hookline.core.embedded import free_port
 from support.kube import kget
 from support.processes import ServiceProcess
+from support.waiting import eventually
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chart"))
 from chartkit import MINIMAL, render
@@ -88,6 +89,21 @@ def start_operator(apiserver: ApiServer, namespaces: list[str], database_url: st
     return ServiceProcess(args, database_url, log_dir, port=port, env={
         **operator_env(apiserver, namespaces, log_dir), **(env or {}),
     }).start("/healthz", timeout=60)
+
+
+def timer_runs(operator: ServiceProcess, timer: str) -> int:
+    """Runs of one of the operator's kopf timers (sync, scale, annotation_tokens) that have ended,
+    over all its resources: kopf logs each one as "Timer 'scale' succeeded."."""
+    return operator.logs().count(f"Timer '{timer}' succeeded.")
+
+
+async def timer_ran(operator: ServiceProcess, timer: str, runs: int = 2) -> None:
+    """Wait until ``runs`` more runs of ``timer`` have ended. With the default two, for an operator
+    with one resource, one whole run began after this call: what it would do, it has done. A
+    negative check waits here instead of sleeping, then asserts that nothing happened."""
+    start = timer_runs(operator, timer)
+    await eventually(lambda: timer_runs(operator, timer) >= start + runs, interval=0.2,
+                     what=f"{runs} more runs of the operator's {timer} timer")
 
 
 # kopf and the kubernetes client report a denied call as Forbidden / code 403.

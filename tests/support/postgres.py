@@ -44,6 +44,15 @@ class PgServer:
             await conn.close()
 
 
+async def lock_waiters(conn: asyncpg.Connection | asyncpg.Pool, query_like: str = "%") -> int:
+    """Sessions of this database waiting on a lock, running a statement LIKE ``query_like``: what
+    a test waits for before asserting that a statement is held, instead of sleeping."""
+    count: int = await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+        "AND query LIKE $1", query_like)
+    return count
+
+
 @asynccontextmanager
 async def database_with_providers(server: PgServer, providers_yaml: str) -> AsyncIterator[str]:
     """A fresh database with ``providers_yaml`` applied through the real CLI; dropped afterwards."""

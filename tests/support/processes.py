@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from hookline.core.embedded import free_port
+from support.waiting import eventually_sync
 
 # Worker processes import test handlers from tests/support.
 TESTS_DIR = str(Path(__file__).resolve().parent.parent)
@@ -38,20 +39,19 @@ class ServiceProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "hookline", *self.args], env=self.env, cwd=self.cwd,
                                      stdout=log, stderr=subprocess.STDOUT)
         if wait_path and self.port:
-            deadline = time.monotonic() + timeout
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.args} exited with {self.proc.returncode}:\n{self.logs()}")
-                try:
-                    with urllib.request.urlopen(self.url + wait_path, timeout=1) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.args} not up after {timeout}s:\n{self.logs()}")
-                time.sleep(0.05)
+            try:
+                eventually_sync(lambda: self._answers(wait_path), what=f"{self.args} answering {wait_path}",
+                                timeout=timeout, ignoring=(OSError,))
+            except AssertionError as exc:
+                raise RuntimeError(f"{exc}:\n{self.logs()}") from None
         return self
+
+    def _answers(self, path: str) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.args} exited with {self.proc.returncode}:\n{self.logs()}")
+        with urllib.request.urlopen(self.url + path, timeout=1) as r:
+            return bool(r.status == 200)
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -24,6 +23,7 @@ import pytest
 import yaml
 
 from hookline.core.embedded import free_port
+from support.waiting import eventually_sync
 
 # Keep in sync with PROMETHEUS_VERSION in tests/monitoring/build-prometheus.sh: it names the cache folder.
 PROMETHEUS_VERSION = "3.16.0"
@@ -94,18 +94,18 @@ class PrometheusServer:
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
             stdout=self._log, stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise PrometheusError(f"prometheus exited with {self._process.returncode}:\n{self.logs()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
-                    if response.status == 200:
-                        return self
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        raise PrometheusError(f"prometheus not ready within {timeout}s:\n{self.logs()}")
+        try:
+            eventually_sync(self._ready, what="prometheus ready", timeout=timeout, interval=0.2, ignoring=(OSError,))
+        except AssertionError as exc:
+            raise PrometheusError(f"{exc}:\n{self.logs()}") from None
+        return self
+
+    def _ready(self) -> bool:
+        assert self._process is not None
+        if self._process.poll() is not None:
+            raise PrometheusError(f"prometheus exited with {self._process.returncode}:\n{self.logs()}")
+        with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+            return bool(response.status == 200)
 
     def logs(self) -> str:
         self._log.flush()
