@@ -255,6 +255,8 @@ MALFORMED = {  # each answer, whether the server closes after it, and the error 
     "two different lengths": (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok", False,
                               "not an HTTP/1.x answer"),
     "closed before any byte": (b"", True, "closed the connection without an answer"),
+    "closed after an interim answer": (b"HTTP/1.1 100 Continue\r\n\r\n", True,
+                                       "closed the connection without an answer"),
     "closed in the headers": (b"HTTP/1.1 200 OK\r\nContent-Le", True, "in the middle of the answer's headers"),
     "closed in a body with a length": (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", True,
                                        "before the answer's body was complete"),

@@ -226,6 +226,7 @@ class _Connection(asyncio.Protocol):
             return
         status = self._parser.get_status_code()
         if 100 <= status < 200 and status != 101:  # an interim answer (100 Continue): the real one follows
+            self._reset()
             return
         self._answer(reusable=self._parser.should_keep_alive() and status != 101)
 
