@@ -272,7 +272,7 @@ class WebhookClient:
     def __init__(self, *, allow_private_networks: bool, connections: int = 100,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         self.allow_private_networks = allow_private_networks
-        self._ssl = ssl_context or ssl.create_default_context()
+        self._ssl = ssl_context  # the default one is made at the first https connection: it costs ~50 ms of CPU
         self._idle: dict[tuple[str, str, int], deque[_Connection]] = {}
         self._max_idle = connections
         self._targets: dict[str, Target] = {}  # parsed URLs (an install has few endpoints)
@@ -374,6 +374,8 @@ class WebhookClient:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         if not self.allow_private_networks:
             infos = _public_only(host, infos)
+        if scheme == "https" and self._ssl is None:
+            self._ssl = ssl.create_default_context()
         last_error: OSError | None = None
         for family, type_, proto, _, address in infos:
             sock = socket.socket(family, type_, proto)
