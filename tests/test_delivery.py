@@ -1,7 +1,7 @@
 """The outgoing-HTTP guard (core/delivery.py): which addresses outgoing webhooks may reach.
 
 The unit tests cover every IPv6 form that embeds an IPv4 address; the HTTP tests send
-real requests through real sessions to a real server on localhost.
+real requests through the one client (core/http_client.py) to a real server on localhost.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from aiohttp import web
 from hookline.core import delivery
 from hookline.core.delivery import DeliveryErrorKind, DeliveryResult, Outcome, embedded_ipv4, is_internal
 from hookline.core.embedded import free_port
+from hookline.core.http_client import WebhookClient
 
 # Each form wrapping 10.0.0.5 (private) and 8.8.8.8 (public).
 EMBEDDINGS = {
@@ -112,7 +113,7 @@ def test_ordinary_public_addresses_next_to_the_blocks_are_allowed(address: str) 
     assert not is_internal(address)
 
 
-# --- through real sessions -------------------------------------------------------------------
+# --- through the real client -----------------------------------------------------------------
 
 
 @pytest.fixture
@@ -134,16 +135,16 @@ async def local_server() -> AsyncIterator[tuple[int, list[bytes]]]:
 
 
 async def _post(url: str, *, allow_private_networks: bool) -> delivery.DeliveryResult:
-    session = delivery.create_session(allow_private_networks=allow_private_networks)
+    client = WebhookClient(allow_private_networks=allow_private_networks)
     try:
-        return await delivery.post(session, url, b"{}", {"content-type": "application/json"}, timeout=5)
+        return await client.post(url, b"{}", {"content-type": "application/json"}, timeout=5)
     finally:
-        await session.close()
+        await client.close()
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::ffff:127.0.0.1]", "[64:ff9b::7f00:1]",
                                   "[2002:7f00:1::1]", "[::127.0.0.1]"])
-async def test_the_public_only_session_refuses_before_sending(local_server: tuple[int, list[bytes]],
+async def test_the_public_only_client_refuses_before_sending(local_server: tuple[int, list[bytes]],
                                                               host: str) -> None:
     port, received = local_server
     result = await _post(f"http://{host}:{port}/hook", allow_private_networks=False)

@@ -224,7 +224,102 @@ async def test_an_answer_that_is_not_http_is_a_connection_error(client: WebhookC
     async with server:
         result = await client.post(url, b"{}", HEADERS, timeout=5)
     assert result.status is None and result.error_kind is DeliveryErrorKind.CONNECTION
-    assert result.error is not None and "not an HTTP/1.x status line" in result.error
+    assert result.error is not None and "not an HTTP/1.x answer" in result.error
+
+
+def answering(raw: bytes, *, then_close: bool) -> RawHandler:
+    """A server that reads the request, writes ``raw`` and then closes, or waits for the client to."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(raw)
+        await writer.drain()
+        if not then_close:
+            await reader.read()  # returns when the client gives up and closes
+        writer.close()
+    return handle
+
+
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+MALFORMED = {  # each answer, whether the server closes after it, and the error the client must name
+    "garbage status line": (b"HTTP/1.1 2x0 OK\r\nContent-Length: 0\r\n\r\n", False, "not an HTTP/1.x answer"),
+    "not HTTP at all": (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" * 10, False, "not an HTTP/1.x answer"),
+    "another protocol's status line": (b"RTSP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", False,
+                                       "not an HTTP/1.x answer: b'RTSP/1.0"),
+    "a version we do not speak": (b"HTTP/2.0 200 OK\r\nContent-Length: 0\r\n\r\n", False,
+                                  "not an HTTP/1.x answer: version 2.0"),
+    "one header over the bound": (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70_000, False,
+                                  "headers are over 65536 bytes"),
+    "many headers over the bound": (b"HTTP/1.1 200 OK\r\n" + b"X-Header: some value\r\n" * 4000, False,
+                                    "headers are over 65536 bytes"),
+    "bad chunk size": (CHUNKED_HEAD + b"zz\r\nab\r\n", False, "not an HTTP/1.x answer"),
+    "two different lengths": (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok", False,
+                              "not an HTTP/1.x answer"),
+    "closed before any byte": (b"", True, "closed the connection without an answer"),
+    "closed after an interim answer": (b"HTTP/1.1 100 Continue\r\n\r\n", True,
+                                       "closed the connection without an answer"),
+    "closed in the headers": (b"HTTP/1.1 200 OK\r\nContent-Le", True, "in the middle of the answer's headers"),
+    "closed in a body with a length": (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", True,
+                                       "before the answer's body was complete"),
+    "closed in a chunked body": (CHUNKED_HEAD + b"5\r\nab", True, "before the answer's body was complete"),
+    "closed before the last chunk": (CHUNKED_HEAD + b"2\r\nab\r\n", True, "before the answer's body was complete"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+async def test_a_malformed_answer_is_a_connection_error_named_at_once(client: WebhookClient, case: str) -> None:
+    raw, then_close, error = MALFORMED[case]
+    server, url = await raw_server(answering(raw, then_close=then_close))
+    async with server:
+        # A generous timeout: a client that waited for more (a hang) would end as TIMEOUT, not as this.
+        result = await client.post(url, b"{}", HEADERS, timeout=30)
+        assert result.status is None and result.error_kind is DeliveryErrorKind.CONNECTION, result
+        assert result.error is not None and error in result.error, result.error
+        assert not any(client._idle.values())  # the connection is not kept for another request
+
+
+@pytest.mark.parametrize("body", [b"HTTP/1.1 500 Oops\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 10_000,
+                                  CHUNKED_HEAD.replace(b"200 OK", b"500 Oops") + b"2710\r\n" + b"x" * 10_000],
+                         ids=["length", "chunked"])
+async def test_a_body_over_the_bound_that_never_ends_is_cut_without_waiting(client: WebhookClient,
+                                                                            body: bytes) -> None:
+    server, url = await raw_server(answering(body, then_close=False))
+    async with server:
+        result = await client.post(url, b"{}", HEADERS, timeout=30)
+    assert result.status == 500 and result.body == "x" * MAX_RESPONSE_BYTES
+    assert not any(client._idle.values())
+
+
+async def test_a_chunked_answer_with_extensions_and_trailers_keeps_its_connection(client: WebhookClient) -> None:
+    async def chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while not reader.at_eof():
+            await read_request(reader)
+            writer.write(CHUNKED_HEAD.replace(b"\r\n\r\n", b"\r\nRetry-After: 3\r\n\r\n")
+                         + b"3;name=value\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: 1\r\n\r\n")
+            await writer.drain()
+
+    server, url = await raw_server(chunked)
+    async with server:
+        first = await client.post(url, b"{}", HEADERS, timeout=5)
+        second = await client.post(url, b"{}", HEADERS, timeout=5)
+    assert first.body == second.body == "abcde" and first.retry_after == 3.0
+    assert client.connections_opened == 1
+
+
+async def test_bytes_on_an_idle_connection_end_it(client: WebhookClient) -> None:
+    async def answer_twice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale")  # an answer to no request
+        await writer.drain()
+        await reader.read()
+
+    server, url = await raw_server(answer_twice)
+    async with server:
+        assert (await client.post(url, b"{}", HEADERS, timeout=5)).body == "ok"
+        await wait_for(lambda: all(c.closed for idle in client._idle.values() for c in idle))
+        assert (await client.post(url, b"{}", HEADERS, timeout=5)).body == "ok"  # not "stale"
+    assert client.connections_opened == 2
 
 
 async def test_a_refused_connection_is_a_connection_error(client: WebhookClient) -> None:

@@ -1,12 +1,9 @@
-"""Outgoing HTTP: one careful POST to a worker's destination (aiohttp's client), and what the
-relay's own client (``core/http_client.py``) shares with it: the address guard, the result and its
-classification.
+"""What every outgoing webhook shares, whoever sends it (``core/http_client.py`` is the one client:
+the worker's destination calls and the relay's deliveries): the private-address guard, the result
+of an attempt and its classification, and Retry-After.
 
-Careful means: a connect timeout and a total timeout, no redirects (a 3xx is an
-answer, not an instruction to send a signed payload elsewhere), at most
-``max_response_bytes`` of the answer read, and optionally no connections to
-loopback, private, link-local or otherwise internal addresses — checked on the
-resolved address at connect time, so DNS cannot be used to slip past the check.
+The guard refuses loopback, private, link-local or otherwise internal addresses; the client applies
+it to the resolved address right before it dials that address, so DNS cannot be used to slip past it.
 IPv6 addresses that carry an IPv4 address (NAT64, 6to4, Teredo, IPv4-mapped and
 -compatible) are judged by the IPv4 address they lead to: ``64:ff9b::a00:5``
 reaches 10.0.0.5 through a NAT64 gateway, so it is as internal as 10.0.0.5. Python's
@@ -18,20 +15,15 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-import socket
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
-from typing import Any
-
-import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
 
 MAX_RESPONSE_BYTES = 4096
 
 
-class BlockedAddress(aiohttp.ClientConnectionError):
+class BlockedAddress(ConnectionError):
     """The URL resolves to an address that outgoing webhooks may not reach."""
 
 
@@ -151,47 +143,6 @@ def is_internal(address: str) -> bool:
     return _not_public(ip)
 
 
-class PublicOnlyResolver(AbstractResolver):
-    """Resolves like the default resolver, then refuses internal addresses."""
-
-    def __init__(self) -> None:
-        self._inner = aiohttp.ThreadedResolver()
-
-    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-                      ) -> list[ResolveResult]:
-        results = await self._inner.resolve(host, port, family)
-        allowed = [r for r in results if not is_internal(r["host"])]
-        if not allowed:
-            raise BlockedAddress(f"{host} resolves to an internal address; outgoing webhooks may only reach "
-                                 "public addresses (allow private networks to change this)")
-        return allowed
-
-    async def close(self) -> None:
-        await self._inner.close()
-
-
-def public_only_socket(addr_info: tuple[Any, ...]) -> socket.socket:
-    """aiohttp's socket factory for every connection attempt: the last check before connect.
-
-    The resolver never sees IP-literal URLs (``http://10.0.0.1/``, ``http://[::1]/``):
-    aiohttp skips resolution for them. This sees the address actually dialled, whatever
-    the URL spelled."""
-    family, type_, proto, _, address = addr_info
-    if is_internal(address[0]):
-        raise BlockedAddress(f"{address[0]} is an internal address; outgoing webhooks may only reach "
-                             "public addresses (allow private networks to change this)")
-    return socket.socket(family=family, type=type_, proto=proto)
-
-
-def create_session(*, allow_private_networks: bool, connections: int = 100) -> aiohttp.ClientSession:
-    resolver = None if allow_private_networks else PublicOnlyResolver()
-    connector = aiohttp.TCPConnector(limit=connections, limit_per_host=connections, resolver=resolver,
-                                     ttl_dns_cache=30,
-                                     socket_factory=None if allow_private_networks else public_only_socket)
-    return aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=False,
-                                 cookie_jar=aiohttp.DummyCookieJar())
-
-
 @dataclass(slots=True)  # one per attempt: not frozen, whose __init__ costs three times as much
 class DeliveryResult:
     status: int | None  # None: no HTTP answer (timeout, refused, blocked)
@@ -263,30 +214,3 @@ def parse_retry_after(value: str | None) -> float | None:
         return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
     except (TypeError, ValueError):
         return None
-
-
-async def post(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], *,
-               timeout: float, connect_timeout: float | None = None,
-               max_response_bytes: int = MAX_RESPONSE_BYTES) -> DeliveryResult:
-    started = time.perf_counter()
-    client_timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout or min(timeout, 5.0))
-    try:
-        async with session.post(url, data=body, headers=headers, timeout=client_timeout,
-                                allow_redirects=False) as response:
-            raw = await response.content.read(max_response_bytes)
-            return DeliveryResult(
-                status=response.status,
-                body=raw.decode("utf-8", "replace"),
-                latency=time.perf_counter() - started,
-                retry_after=parse_retry_after(response.headers.get("Retry-After")),
-            )
-    except TimeoutError:
-        error, kind = f"timed out after {timeout:g} s", DeliveryErrorKind.TIMEOUT
-    except BlockedAddress as exc:
-        error, kind = str(exc), DeliveryErrorKind.BLOCKED
-    except aiohttp.ClientError as exc:
-        error, kind = f"{type(exc).__name__}: {exc}", DeliveryErrorKind.CONNECTION
-    except OSError as exc:
-        error, kind = f"{type(exc).__name__}: {exc.strerror or exc}", DeliveryErrorKind.CONNECTION
-    return DeliveryResult(status=None, body="", latency=time.perf_counter() - started, error=error,
-                          error_kind=kind)

@@ -1,18 +1,21 @@
-"""The relay's outgoing HTTP/1.1 client: one signed POST per delivery, on kept-alive connections.
+"""The one client for outgoing webhooks: the relay's deliveries and the worker's destination calls,
+one POST each, on kept-alive connections. Answers are read by llhttp (``httptools``).
 
-Why not aiohttp's client (the worker's, ``core/delivery.py``): it was the largest part of the
-relay's CPU per delivery (a request object, header multidicts, a connector with waiters, a
-timer and a send task per request, a stream reader per response). A webhook POST needs much
-less: one write of prebuilt bytes, a status line, a few headers and a bounded body.
+Why not aiohttp's client: it was the largest part of the relay's CPU per delivery (a request
+object, header multidicts, a connector with waiters, a timer and a send task per request, a
+stream reader per response). A webhook POST needs much less: one write of prebuilt bytes, a
+status, Retry-After and a bounded body.
 
-Careful the same way as ``delivery.post``: a connect timeout and a total timeout (the total
-one checked every ``TIMEOUT_CHECK_SECONDS`` by one timer per client, not a timer per request), no
-redirects (a 3xx is an answer), at most ``max_response_bytes`` of the answer read (a longer
-answer closes its connection instead of being drained), and without ``allow_private_networks``
-no connection to an internal address: every address is checked after resolution, right before
-it is dialled (``delivery.is_internal``), so DNS cannot slip past the check. Connections are
-kept per origin (scheme, host, port) while their server keeps them open and for at most
-``IDLE_SECONDS`` idle; TLS verifies the server's certificate and name with ``ssl_context``.
+Careful means: a connect timeout and a total timeout (the total one checked every
+``TIMEOUT_CHECK_SECONDS`` by one timer per client, not a timer per request), no redirects (a 3xx
+is an answer, not an instruction to send a signed payload elsewhere), at most
+``max_response_bytes`` of the answer's body read (a longer answer closes its connection instead of
+being drained) and at most ``MAX_HEAD_BYTES`` of its headers, and without
+``allow_private_networks`` no connection to an internal address: every address is checked after
+resolution, right before it is dialled (``delivery.is_internal``), and the connection is made to
+that checked address, so DNS cannot slip past the check. Connections are kept per origin (scheme,
+host, port) while their server keeps them open and for at most ``IDLE_SECONDS`` idle; TLS verifies
+the server's certificate and name with ``ssl_context``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlsplit
 
+import httptools
+
 from hookline.core.delivery import (
     MAX_RESPONSE_BYTES,
     BlockedAddress,
@@ -39,7 +44,6 @@ from hookline.core.delivery import (
 IDLE_SECONDS = 15.0  # an idle connection older than this is closed rather than reused (servers drop them)
 TIMEOUT_CHECK_SECONDS = 0.1  # how late past its timeout a request may fail
 MAX_HEAD_BYTES = 65536  # status line and headers of an answer; more is not an HTTP answer we accept
-_SEPARATOR = b"\r\n\r\n"
 _AddrInfo = TypeVar("_AddrInfo", bound=tuple[Any, ...])  # one getaddrinfo entry
 
 
@@ -108,61 +112,127 @@ def encode_request(target: Target, headers: dict[str, str], body: bytes) -> byte
 @dataclass
 class Answer:
     status: int
-    headers: dict[str, str]  # lower-case names; a repeated header keeps its last value
-    body: bytes
+    retry_after: str | None  # the Retry-After header as sent (the last one, if repeated)
+    body: bytes  # at most the request's bound
     reusable: bool  # the connection may carry another request
 
 
 class _Connection(asyncio.Protocol):
-    """One connection; one request at a time. Bytes arrive in ``data_received`` and wake the
-    waiting request only once its answer is complete (or the connection ends)."""
+    """One connection; one request at a time. Bytes arrive in ``data_received`` and go to llhttp
+    (``httptools``), whose callbacks (``on_*`` below) collect the answer and wake the waiting request
+    once the answer is complete, its body has passed the bound, or the connection ends."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
-        self._buffer = bytearray()
+        self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[Answer] | None = None
         self._limit = MAX_RESPONSE_BYTES
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget the last answer: a new request, or a real answer after an interim one."""
+        self._head_bytes = 0  # bytes received while the answer's headers were incomplete
+        self._begun = False  # the answer's first byte has arrived
+        self._headers_complete = False
+        self._framed = False  # Content-Length or chunked: the body does not end with the connection
+        self._retry_after: str | None = None
+        self._body: list[bytes] = []
+        self._body_bytes = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            try:  # a server that answers and closes without a length ends its body here
-                answer = _parse(self._buffer, self._limit, at_eof=True)
-            except ProtocolError as error:
-                self._settle(error)
-                return
-            self._settle(answer or exc or ConnectionResetError("the server closed the connection without an answer"))
+        if self._waiter is None:
+            return
+        if self._headers_complete and not self._framed:  # a body without a length ends with the connection
+            self._answer(reusable=False)
+        elif self._headers_complete:
+            self._settle(ProtocolError("the connection closed before the answer's body was complete"))
+        elif self._begun:
+            self._settle(ProtocolError("the connection closed in the middle of the answer's headers"))
+        else:
+            self._settle(exc or ConnectionResetError("the server closed the connection without an answer"))
 
     def eof_received(self) -> bool:
         return False  # close our side too; connection_lost decides what was read
 
     def data_received(self, data: bytes) -> None:
-        self._buffer += data
-        if self._waiter is None or self._waiter.done():
+        if self._waiter is None:  # bytes nobody asked for: what follows on this stream can't be trusted
+            self.close()
+            return
+        if not self._begun and not b"HTTP/".startswith(data[:5]):  # llhttp also reads RTSP/ and ICE/ answers
+            self._settle(ProtocolError(f"not an HTTP/1.x answer: {bytes(data[:20])!r}"))
+            self.close()
             return
         try:
-            answer = _parse(self._buffer, self._limit, at_eof=False)
-        except ProtocolError as error:
-            self._settle(error)
+            self._parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as error:
+            self._settle(ProtocolError(f"not an HTTP/1.x answer: {error}"))
+            self.close()  # the parser is spent with it
             return
-        if answer is not None:
-            self._settle(answer)
+        if not self._headers_complete and self._waiter is not None:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._settle(ProtocolError(f"the answer's headers are over {MAX_HEAD_BYTES} bytes"))
+                self.close()
 
     def send(self, request: bytes, limit: int) -> asyncio.Future[Answer]:
         """Send ``request``; the future of its answer (a method, not a coroutine: one layer less per request)."""
         assert self.transport is not None
-        self._buffer.clear()
+        self._reset()
         self._limit = limit
         waiter: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiter = waiter
         self.transport.write(request)
         return waiter
+
+    # llhttp's callbacks, made from inside feed_data.
+
+    def on_message_begin(self) -> None:
+        if self._waiter is None:  # a second answer behind the first: the server is out of step with us
+            self.close()
+            return
+        head_bytes = self._head_bytes
+        self._reset()
+        self._head_bytes, self._begun = head_bytes, True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"retry-after":
+            self._retry_after = value.decode("latin-1")
+        elif name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
+            self._framed = True
+
+    def on_headers_complete(self) -> None:
+        self._headers_complete = True
+        if self._parser.get_http_version() not in ("1.1", "1.0"):  # llhttp also reads 0.9 and 2.0 lines
+            self._settle(ProtocolError(f"not an HTTP/1.x answer: version {self._parser.get_http_version()}"))
+            self.close()
+
+    def on_body(self, body: bytes) -> None:
+        if self._waiter is None:
+            return
+        self._body.append(body)
+        self._body_bytes += len(body)
+        if self._body_bytes > self._limit:  # enough read; the rest is not waited for, so the connection is spent
+            self._answer(reusable=False)
+
+    def on_message_complete(self) -> None:
+        if self._waiter is None:
+            return
+        status = self._parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # an interim answer (100 Continue): the real one follows
+            self._reset()
+            return
+        self._answer(reusable=self._parser.should_keep_alive() and status != 101)
+
+    def _answer(self, *, reusable: bool) -> None:
+        body = b"".join(self._body)[:self._limit] if self._body else b""
+        self._settle(Answer(self._parser.get_status_code(), self._retry_after, body, reusable))
 
     def _settle(self, outcome: Answer | BaseException) -> None:
         """End the waiting request with its answer or its error (once; later outcomes are dropped)."""
@@ -184,96 +254,6 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-def _parse(buffer: bytearray, limit: int, *, at_eof: bool) -> Answer | None:
-    """The answer in ``buffer`` once it is complete (or ``limit`` bytes of its body are in), else None."""
-    while True:
-        end = buffer.find(_SEPARATOR)
-        if end < 0:
-            if len(buffer) > MAX_HEAD_BYTES:
-                raise ProtocolError("the answer's headers are too large")
-            if at_eof and buffer:
-                raise ProtocolError("the connection closed in the middle of the answer's headers")
-            return None
-        status, headers, keep_alive = _parse_head(bytes(buffer[:end]))
-        if 100 <= status < 200 and status != 101:  # an interim answer (100 Continue): the real one follows
-            del buffer[:end + 4]
-            continue
-        body_start = end + 4
-        return _parse_body(buffer, body_start, status, headers, keep_alive, limit, at_eof=at_eof)
-
-
-def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:
-    lines = head.decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    code = rest[:3]
-    if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
-        raise ProtocolError(f"not an HTTP/1.x status line: {lines[0][:100]!r}")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip():
-            raise ProtocolError(f"malformed header line: {line[:100]!r}")
-        headers[name.lower()] = value.strip()
-    connection = headers.get("connection", "").lower()
-    keep_alive = "close" not in connection and (version != "HTTP/1.0" or "keep-alive" in connection)
-    return int(code), headers, keep_alive
-
-
-def _parse_body(buffer: bytearray, start: int, status: int, headers: dict[str, str], keep_alive: bool,
-                limit: int, *, at_eof: bool) -> Answer | None:
-    if status in (204, 304) or status == 101:
-        return Answer(status, headers, b"", keep_alive and status != 101)
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        return _parse_chunked(buffer, start, status, headers, keep_alive, limit, at_eof=at_eof)
-    length_text = headers.get("content-length")
-    if length_text is not None:
-        if not length_text.isdigit():
-            raise ProtocolError(f"invalid Content-Length: {length_text[:40]!r}")
-        length = int(length_text)
-        available = len(buffer) - start
-        if available >= length:
-            return Answer(status, headers, bytes(buffer[start:start + length]), keep_alive)
-        if available >= limit:  # enough read; the rest is not waited for, so the connection is spent
-            return Answer(status, headers, bytes(buffer[start:start + limit]), False)
-        if at_eof:
-            raise ProtocolError("the connection closed before the answer's body was complete")
-        return None
-    # No length: the body lasts until the server closes the connection.
-    if at_eof or len(buffer) - start >= limit:
-        return Answer(status, headers, bytes(buffer[start:start + limit]), False)
-    return None
-
-
-def _parse_chunked(buffer: bytearray, start: int, status: int, headers: dict[str, str], keep_alive: bool,
-                   limit: int, *, at_eof: bool) -> Answer | None:
-    body = bytearray()
-    position = start
-    while True:
-        line_end = buffer.find(b"\r\n", position)
-        if line_end < 0:
-            break
-        size_text = bytes(buffer[position:line_end]).split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise ProtocolError(f"invalid chunk size: {size_text[:20]!r}") from None
-        if size == 0:
-            trailer_end = buffer.find(_SEPARATOR, line_end)  # trailers end with an empty line
-            if buffer.startswith(b"\r\n", line_end + 2) or trailer_end >= 0:
-                return Answer(status, headers, bytes(body[:limit]), keep_alive)
-            break
-        chunk_start = line_end + 2
-        body += buffer[chunk_start:chunk_start + size]
-        if len(body) >= limit:
-            return Answer(status, headers, bytes(body[:limit]), False)
-        if len(buffer) < chunk_start + size + 2:
-            break
-        position = chunk_start + size + 2
-    if at_eof:
-        raise ProtocolError("the connection closed before the chunked answer was complete")
-    return None
-
-
 def _public_only(host: str, infos: list[_AddrInfo]) -> list[_AddrInfo]:
     """The resolved addresses outgoing webhooks may reach; BlockedAddress when there is none."""
     public = [info for info in infos if not is_internal(str(info[4][0]))]
@@ -292,7 +272,7 @@ class WebhookClient:
     def __init__(self, *, allow_private_networks: bool, connections: int = 100,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         self.allow_private_networks = allow_private_networks
-        self._ssl = ssl_context or ssl.create_default_context()
+        self._ssl = ssl_context  # the default one is made at the first https connection: it costs ~50 ms of CPU
         self._idle: dict[tuple[str, str, int], deque[_Connection]] = {}
         self._max_idle = connections
         self._targets: dict[str, Target] = {}  # parsed URLs (an install has few endpoints)
@@ -319,10 +299,9 @@ class WebhookClient:
         try:
             answer = await self._exchange(url, body, headers, timeout, connect_timeout or min(timeout, 5.0),
                                           max_response_bytes)
-            retry_after = answer.headers.get("retry-after")
             return DeliveryResult(answer.status, answer.body.decode("utf-8", "replace") if answer.body else "",
                                   time.perf_counter() - started,
-                                  retry_after=parse_retry_after(retry_after) if retry_after else None)
+                                  retry_after=parse_retry_after(answer.retry_after) if answer.retry_after else None)
         except TimeoutError:
             error, kind = f"timed out after {timeout:g} s", DeliveryErrorKind.TIMEOUT
         except BlockedAddress as exc:
@@ -395,6 +374,8 @@ class WebhookClient:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         if not self.allow_private_networks:
             infos = _public_only(host, infos)
+        if scheme == "https" and self._ssl is None:
+            self._ssl = ssl.create_default_context()
         last_error: OSError | None = None
         for family, type_, proto, _, address in infos:
             sock = socket.socket(family, type_, proto)

@@ -57,13 +57,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 
-import aiohttp
 import asyncpg
 
 from hookline.core import db, delivery, metrics, tracing
 from hookline.core.batching import Batcher
 from hookline.core.config import ConfigError
 from hookline.core.consumer import write_completion
+from hookline.core.http_client import WebhookClient
 from hookline.core.providers import Provider, Transition
 from hookline.core.queue import INBOX, truncate_error
 from hookline.core.signatures import sign_standard_webhooks
@@ -418,7 +418,7 @@ class TransactionBatches:
 
 
 class Processor:
-    def __init__(self, pool: asyncpg.Pool, session: aiohttp.ClientSession, worker_id: str,
+    def __init__(self, pool: asyncpg.Pool, session: WebhookClient, worker_id: str,
                  complete_later: Callable[[int, int], Awaitable[bool]],
                  effect_done: Callable[[int], None] = lambda _id: None, *, concurrency: int = 16,
                  batch_seconds: float = 0.05) -> None:
@@ -585,8 +585,8 @@ class Processor:
         if provider.destination_secret:
             headers.update(sign_standard_webhooks([provider.destination_secret], event.idempotency_key,
                                                   int(time.time()), event.body))
-        answer = await delivery.post(self.session, provider.destination.url, event.body, headers,
-                                     timeout=provider.destination.timeout_seconds)
+        answer = await self.session.post(provider.destination.url, event.body, headers,
+                                         timeout=provider.destination.timeout_seconds)
         if answer.ok:
             return
         if delivery.worth_retrying(answer):

@@ -20,10 +20,11 @@ from typing import Any
 
 import asyncpg
 
-from hookline.core import db, delivery, metrics
+from hookline.core import db, metrics
 from hookline.core.batching import Batcher
 from hookline.core.consumer import HeldConnection, LeasedConsumer
 from hookline.core.gc_tuning import tune_gc_for_serving
+from hookline.core.http_client import WebhookClient
 from hookline.core.listener import Listener
 from hookline.core.providers import Provider, ProviderRegistry
 from hookline.core.queue import INBOX, make_worker_id
@@ -95,7 +96,7 @@ class Worker(LeasedConsumer):
         self.registry = registry
         self.only = providers or None
         self.completer = BatchCompleter(pool, self.worker_id, lambda: len(self.in_flight))
-        self.session = delivery.create_session(allow_private_networks=True, connections=concurrency)
+        self.session = WebhookClient(allow_private_networks=True, connections=concurrency)
         self.processor = Processor(pool, self.session, self.worker_id, self.completer.complete, self.effect_done,
                                    concurrency=concurrency, batch_seconds=batch_seconds)
         self._rotation = 0
