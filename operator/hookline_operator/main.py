@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from hookline.core import secrets_at_rest
-    from hookline.core.config import database_url
+    from hookline.core.settings import database_url
     from hookline_operator import apiserver_probe, handlers  # noqa: F401  (register the handlers)
     from hookline_operator.memo import OperatorMemo
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.resources
 import json
 import logging
@@ -14,23 +15,17 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Protocol
 
 from hookline.core import db, migrations, secrets_at_rest, stored_secrets
 from hookline.core.config import ConfigError
-from hookline.core.dedicated import DedicatedConnection
 from hookline.core.embedded import EmbeddedPostgres, free_port
-from hookline.core.http import run_until_stopped
-from hookline.core.listener import Listener
 from hookline.core.providers import Provider, ProviderRegistry, SpecError, apply_providers
+from hookline.core.settings import Settings
 from hookline.core.signatures import get_scheme
 
 log = logging.getLogger("hookline.dev")
 
 
-class Service(Protocol):
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
 DATABASE = "hookline"
 
 
@@ -101,39 +96,19 @@ def _print_welcome(receiver_url: str, database_url: str, registry: ProviderRegis
     print("Press Ctrl-C to stop.", flush=True)
 
 
-async def _run_stack(args: argparse.Namespace, url: str) -> None:
-    """Receiver, worker, relay and their housekeeping on one pool and one LISTEN connection."""
-    from hookline.core.maintenance import inbox_maintainer
+async def _run_stack(settings: Settings, url: str) -> None:
+    """Receiver, worker (which also sweeps leases) and relay on one Host: one pool, one LISTEN connection."""
+    from hookline.core.host import Host
     from hookline.receiver.app import Receiver
     from hookline.relay.service import Relay
     from hookline.worker.service import Worker
 
-    pool = await db.create_pool(url, max_size=36, lean=True, pinned_search_path=True)
-    listener = Listener(DedicatedConnection(url))
-    await listener.start()
-    registry = ProviderRegistry(pool, listener=listener)
-    await registry.start()
-    services: list[Service] = [
-        Receiver(pool, registry, args.host, args.port),
-        Worker(pool, registry, concurrency=8, listener=listener),
-        Relay(pool, allow_private_networks=True, concurrency=16, listener=listener,
-              leader_connection=DedicatedConnection(url)),
-        inbox_maintainer(pool, registry, DedicatedConnection(url), sweep=True),
-    ]
+    def welcome(host: Host) -> None:
+        assert host.registry is not None  # the receiver and the worker read providers
+        receiver = settings.receiver
+        _print_welcome(f"http://{receiver.host}:{receiver.port}", url, host.registry)
 
-    async def start() -> None:
-        for service in services:
-            await service.start()
-        _print_welcome(f"http://{args.host}:{args.port}", url, registry)
-
-    async def stop() -> None:
-        for service in reversed(services):
-            await service.stop()
-        await registry.stop()
-        await listener.stop()
-        await pool.close()
-
-    await run_until_stopped(start, stop)
+    await Host(dataclasses.replace(settings, database_url=url), [Receiver, Worker, Relay]).run(welcome)
 
 
 def use_keys_file(data_dir: Path) -> Path:
@@ -165,6 +140,7 @@ async def run_dev(args: argparse.Namespace) -> int:
         print(f"hookline dev: cannot listen on {args.host}:{args.port} ({problem}; another hookline dev?): "
               "choose another port with --port", file=sys.stderr)
         return 1
+    settings = Settings.for_command(args)  # a bad variable stops here, before Postgres starts
     data_dir: Path = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     keys_file = use_keys_file(data_dir)
@@ -181,7 +157,7 @@ async def run_dev(args: argparse.Namespace) -> int:
         await _ensure_database(server.url)
         url = server.url_for(DATABASE)
         await _prepare_database(url, args.providers)
-        await _run_stack(args, url)
+        await _run_stack(settings, url)
     finally:
         await asyncio.to_thread(server.stop)
         print("stopped.", flush=True)

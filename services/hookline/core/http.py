@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -171,15 +170,15 @@ class _GuardedRunner(web.AppRunner):
 
 
 async def serve(app: web.Application, host: str, port: int, limits: ConnectionLimits | None = None,
-                connection_factory: ConnectionFactory = GuardedHandler, **handler_options: Any) -> web.AppRunner:
+                connection_factory: ConnectionFactory = GuardedHandler, *, reuse_port: bool = False,
+                **handler_options: Any) -> web.AppRunner:
     """Serve ``app``; each connection is handled by what ``connection_factory`` makes (a
     :class:`GuardedHandler`); ``handler_options`` go to it (e.g. auto_decompress)."""
     runner = _GuardedRunner(app, limits or ConnectionLimits(), connection_factory, access_log=None,
                             handle_signals=False, **handler_options)
     await runner.setup()
-    # With several processes on one port (hookline receiver --processes N) the kernel spreads
-    # connections over them (SO_REUSEPORT); a lone process keeps the port to itself.
-    reuse_port = os.environ.get("HOOKLINE_REUSE_PORT") == "1"
+    # With several processes on one port (hookline receiver --processes N: ``reuse_port``) the kernel
+    # spreads connections over them (SO_REUSEPORT); a lone process keeps the port to itself.
     site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port, backlog=1024)
     await site.start()
     return runner
