@@ -89,6 +89,9 @@ class Host:
         self.needs = [kind.connections(settings) for kind in self._kinds]
         self.scopes = tuple(dict.fromkeys(scope for need in self.needs for scope in need.scopes))
         self.pool_size = pools.pool_size(sum(need.total for need in self.needs), locks=len(self.scopes))
+        mins = [need.min_pool for need in self.needs if need.min_pool is not None]
+        self.pool_min = min(mins, default=self.pool_size)
+        self.generic_plans = all(need.generic_plans for need in self.needs)
         self.components: list[Component] = []
         self.maintainers: list[Maintainer] = []
         self._running: list[Component | Maintainer] = []  # what has started, in order
@@ -121,10 +124,8 @@ class Host:
 
     async def _start(self) -> None:
         settings, url = self.settings, self.settings.database_url
-        mins = [need.min_pool for need in self.needs if need.min_pool is not None]
-        self.pool = await db.create_pool(url, min_size=min(mins, default=self.pool_size), max_size=self.pool_size,
-                                         lean=True, generic_plans=all(need.generic_plans for need in self.needs),
-                                         pinned_search_path=True)
+        self.pool = await db.create_pool(url, min_size=self.pool_min, max_size=self.pool_size, lean=True,
+                                         generic_plans=self.generic_plans, pinned_search_path=True)
         self.listener = Listener(DedicatedConnection(url))
         await self.listener.start()
         uses = [need.registry for need in self.needs if need.registry is not None]
