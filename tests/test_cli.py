@@ -229,6 +229,8 @@ def test_dev_on_a_busy_port_says_so_before_starting_anything(tmp_path: Path) -> 
     (["worker", "--provider", "a", "--provider", "b"], "HOOKLINE_DESTINATION_SECRET_FILE", "/run/secret"),
     (["worker"], "HOOKLINE_LOG_FORMAT", "yaml"),
     (["receiver"], "HOOKLINE_LOG_LEVEL", "loud"),
+    (["receiver"], "HOOKLINE_HEADER_TIMEOUT", "soon"),
+    (["receiver"], "HOOKLINE_MAX_QUEUED_EVENTS", "0"),
 ])
 def test_a_bad_variable_is_one_line_naming_it(database_url: str, argv: list[str], variable: str, value: str) -> None:
     """Through the real program: a service started with a bad environment variable says so in one

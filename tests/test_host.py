@@ -4,6 +4,12 @@ scope with its components' jobs, and every dedicated connection opened from the 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -91,3 +97,40 @@ async def test_one_maintainer_per_scope_and_dedicated_connections_from_the_url(d
     finally:
         await host.stop()
     assert await backends(pool, name) == 0
+
+
+def test_hookline_dev_runs_the_whole_stack_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    """The real program: `hookline dev` prints its banner, the printed signed curl is accepted and the
+    worker handles the event (its log line), and Ctrl-C stops everything (exit 0)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "HOOKLINE_SECRET_KEYS_FILE"}  # dev makes its own
+    proc = subprocess.Popen([sys.executable, "-m", "hookline", "dev", "--port", str(port), "--data-dir",
+                             str(tmp_path / "dev")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    assert proc.stdout is not None
+    watchdog = threading.Timer(180, proc.kill)  # a stack that never gets there fails the test, not the suite
+    watchdog.start()
+    try:
+        lines: list[str] = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("Press Ctrl-C"):
+                break
+        banner = "".join(lines)
+        assert f"receiver:  http://127.0.0.1:{port}/webhooks/<provider>" in banner, banner
+        curl = next(line.strip() for line in lines if line.strip().startswith("curl "))
+        answer = subprocess.run(curl, shell=True, capture_output=True, text=True, timeout=30, check=True)
+        assert '"status": "accepted"' in answer.stdout or '"status":"accepted"' in answer.stdout, answer.stdout
+        for line in proc.stdout:  # the worker's handler logs it
+            lines.append(line)
+            if "handled event" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stdout.read()
+        assert proc.wait(60) == 0, "".join(lines) + rest
+        assert "stopped." in rest and "Traceback" not in "".join(lines) + rest
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

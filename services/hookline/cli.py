@@ -65,22 +65,30 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
 def _add_receiver_limits(p: argparse.ArgumentParser) -> None:
     """Deadlines and caps that keep slow or hostile clients from holding the receiver (per process)."""
 
-    def limit(flag: str, env: str, kind: type[int] | type[float], default: str, text: str) -> None:
-        p.add_argument(flag, type=_positive(kind), default=os.environ.get(env, default), metavar="N",
-                       help=f"{text} (default {default}; or {env})")
+    from hookline.core.settings import RECEIVER_LIMITS, ReceiverSettings
 
-    limit("--header-timeout", "HOOKLINE_HEADER_TIMEOUT", float, "10",
+    defaults = ReceiverSettings()
+
+    def limit(flag: str, text: str) -> None:
+        # Left None when not given: its variable, read with the rest in core/settings.py, decides then.
+        name = flag.removeprefix("--").replace("-", "_")
+        default = getattr(defaults, name)
+        p.add_argument(flag, type=_positive(type(default)), default=None, metavar="N",
+                       help=f"{text} (default {default:g}; or {RECEIVER_LIMITS[name]})" if isinstance(default, float)
+                       else f"{text} (default {default}; or {RECEIVER_LIMITS[name]})")
+
+    limit("--header-timeout",
           "seconds a connection may take to send a request's headers, from their first byte; then it is closed")
-    limit("--body-timeout", "HOOKLINE_BODY_TIMEOUT", float, "30",
+    limit("--body-timeout",
           "seconds a request may take to send its whole body; then it is answered 408 and closed")
-    limit("--keepalive-timeout", "HOOKLINE_KEEPALIVE_TIMEOUT", float, "75",
+    limit("--keepalive-timeout",
           "seconds an idle connection is kept open between requests")
-    limit("--max-buffered-bodies", "HOOKLINE_MAX_BUFFERED_BODIES", int, "1024",
+    limit("--max-buffered-bodies",
           "requests whose bodies the process holds at once (read or waiting to be stored); more get 503 "
           "with Retry-After at once")
-    limit("--max-buffered-bytes", "HOOKLINE_MAX_BUFFERED_BYTES", int, str(256 * 1024 * 1024),
+    limit("--max-buffered-bytes",
           "bytes of bodies the process holds at once; a request that would exceed it gets 503 with Retry-After")
-    limit("--max-queued-events", "HOOKLINE_MAX_QUEUED_EVENTS", int, "4096",
+    limit("--max-queued-events",
           "verified events waiting for a database write; beyond it requests get 503 with Retry-After at once "
           "instead of queueing behind a slow database")
 

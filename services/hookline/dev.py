@@ -20,7 +20,7 @@ from hookline.core import db, migrations, secrets_at_rest, stored_secrets
 from hookline.core.config import ConfigError
 from hookline.core.embedded import EmbeddedPostgres, free_port
 from hookline.core.providers import Provider, ProviderRegistry, SpecError, apply_providers
-from hookline.core.settings import Settings
+from hookline.core.settings import Settings, keys_file
 from hookline.core.signatures import get_scheme
 
 log = logging.getLogger("hookline.dev")
@@ -115,9 +115,9 @@ def use_keys_file(data_dir: Path) -> Path:
     """The key file that encrypts secrets at rest: HOOKLINE_SECRET_KEYS_FILE when set, else
     ``secret-keys`` in the data dir (made with a new key, mode 0600, on first use), which every
     part of the stack (and the CLI, told the same path) then reads."""
-    configured = os.environ.get(secrets_at_rest.KEYS_FILE_ENV, "").strip()
-    path = Path(configured) if configured else data_dir / "secret-keys"
-    if not configured and not path.exists():
+    configured = keys_file()
+    path = configured or data_dir / "secret-keys"
+    if configured is None and not path.exists():
         secrets_at_rest.write_new_keys_file(path)
     os.environ[secrets_at_rest.KEYS_FILE_ENV] = str(path)
     secrets_at_rest.required_ring("hookline dev")  # a bad file stops here, with its reason

@@ -25,6 +25,7 @@ from typing import Any
 import asyncpg
 
 from hookline.core import metrics
+from hookline.core.settings import database_url
 
 _QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _DEFAULT = r"[A-Za-z_][\w.]*|'[^'\\]*'"
@@ -135,12 +136,6 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
 PINNED_SEARCH_PATH = {"search_path": "pg_catalog, pg_temp"}
 
 
-def _database_url() -> str:
-    from hookline.core.settings import database_url  # settings builds on modules that build on this one
-
-    return database_url()
-
-
 async def create_pool(
     url: str | None = None, *, min_size: int = 1, max_size: int = 10, command_timeout: float = 30.0,
     lean: bool = False, generic_plans: bool = False, pinned_search_path: bool = False,
@@ -164,7 +159,7 @@ async def create_pool(
     settings = {**({"plan_cache_mode": "force_generic_plan"} if generic_plans else {}),
                 **(PINNED_SEARCH_PATH if pinned_search_path else {})}
     pool = await asyncpg.create_pool(
-        url or _database_url(),
+        url or database_url(),
         min_size=min_size,
         max_size=max_size,
         command_timeout=command_timeout,
@@ -179,7 +174,7 @@ async def create_pool(
 
 async def connect(url: str | None = None, *, pinned_search_path: bool = False) -> asyncpg.Connection:
     """A single connection (for LISTEN, migrations and one-shot commands)."""
-    conn = await asyncpg.connect(url or _database_url(),
+    conn = await asyncpg.connect(url or database_url(),
                                  **({"server_settings": PINNED_SEARCH_PATH} if pinned_search_path else {}))
     await _init_connection(conn)
     return conn

@@ -6,9 +6,11 @@ A bad value raises ``ConfigError`` naming the flag or variable, which the CLI pr
 (exit status 2). The settings are frozen: a component reads its own part (``settings.receiver``,
 ``.worker``, ``.relay``) and the ``Host`` (core/host.py) the rest.
 
-Two reads stay where they are, for reasons of their own: ``HOOKLINE_SECRET_KEYS_FILE`` is read by
-core/secrets_at_rest.py at each use, so a mounted key file rotated in place is picked up without a
-restart; the operator's variables are the operator's (operator/hookline_operator).
+Two are read at each use rather than once: ``HOOKLINE_SECRET_KEYS_FILE`` (``keys_file``, by
+core/secrets_at_rest.py: `hookline dev` names its own file after start-up) and
+``HOOKLINE_HANDLER_SEARCH_PATH`` (``handler_search_path``, when worker/processing.py is imported).
+The operator's variables are the operator's (operator/hookline_operator). This module imports
+nothing heavy: the parser (cli.py) reads its defaults.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hookline.core.config import ConfigError
-from hookline.core.partitions import Retention
-from hookline.relay.breaker import BreakerSettings
+
+if TYPE_CHECKING:  # imported where used: the parser (cli.py) reads this module's defaults, and fast
+    from hookline.core.partitions import Retention
+    from hookline.relay.breaker import BreakerSettings
 
 Environ = Mapping[str, str]
 
@@ -33,7 +38,17 @@ REUSE_PORT = "HOOKLINE_REUSE_PORT"  # set by `hookline receiver --processes N` f
 DESTINATION_SECRET_FILE = "HOOKLINE_DESTINATION_SECRET_FILE"
 HANDLER_SEARCH_PATH = "HOOKLINE_HANDLER_SEARCH_PATH"
 ALLOW_PRIVATE_NETWORKS = "HOOKLINE_ALLOW_PRIVATE_NETWORKS"
+KEYS_FILE = "HOOKLINE_SECRET_KEYS_FILE"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# The receiver's limits (ReceiverSettings fields) and the variable each flag's default comes from.
+RECEIVER_LIMITS = {
+    "header_timeout": "HOOKLINE_HEADER_TIMEOUT",
+    "body_timeout": "HOOKLINE_BODY_TIMEOUT",
+    "keepalive_timeout": "HOOKLINE_KEEPALIVE_TIMEOUT",
+    "max_buffered_bodies": "HOOKLINE_MAX_BUFFERED_BODIES",
+    "max_buffered_bytes": "HOOKLINE_MAX_BUFFERED_BYTES",
+    "max_queued_events": "HOOKLINE_MAX_QUEUED_EVENTS",
+}
 # Postgres's own default search path, where handlers' statements run unless told otherwise.
 DEFAULT_HANDLER_SEARCH_PATH = '"$user", public'
 _SCHEMA_LIST = re.compile(r'\s*("[^";]+"|[A-Za-z_][A-Za-z0-9_$]*)(\s*,\s*("[^";]+"|[A-Za-z_][A-Za-z0-9_$]*))*\s*')
@@ -78,9 +93,33 @@ def _positive(name: str, default: float, environ: Environ) -> float:
     return value
 
 
+def keys_file(environ: Environ = os.environ) -> Path | None:
+    """HOOKLINE_SECRET_KEYS_FILE, read at each use (core/secrets_at_rest.py): a key file rotated in
+    place, or named anew by `hookline dev`, is picked up without a restart."""
+    configured = environ.get(KEYS_FILE, "").strip()
+    return Path(configured) if configured else None
+
+
+def _limit(name: str, default: int | float, environ: Environ) -> int | float:
+    """A receiver limit from its variable (a flag given on the command line wins)."""
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    kind = type(default)
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be {'an integer' if kind is int else 'a number'}, not {raw!r}") from None
+    if not value > 0:
+        raise ConfigError(f"{name} must be greater than 0, not {raw!r}")
+    return value
+
+
 def retention_from_env(environ: Environ = os.environ) -> Retention:
     """HOOKLINE_RETENTION_DONE_HOURS, _DEAD_DAYS, _DEDUP_DAYS, _MAX_DONE_HOURS, _MAX_DEAD_DAYS and
     HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS, _DEAD_DAYS (the chart's retention values)."""
+    from hookline.core.partitions import Retention
+
     default = Retention()
     done_hours = _positive("HOOKLINE_RETENTION_DONE_HOURS", default.done_hours, environ)
     dead_days = _positive("HOOKLINE_RETENTION_DEAD_DAYS", default.dead_days, environ)
@@ -169,7 +208,7 @@ class RelaySettings:
     poll_interval: float = 1.0
     lease_seconds: float = 60.0
     grace_period: float = 25.0
-    breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    breaker: BreakerSettings = field(default_factory=lambda: _breaker())
     sweep_interval: float = 5.0  # seconds between the outbox's lease rescues
     stats_interval: float = 5.0
 
@@ -183,7 +222,7 @@ class Settings:
     receiver: ReceiverSettings = field(default_factory=ReceiverSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     relay: RelaySettings = field(default_factory=RelaySettings)
-    retention: Retention = field(default_factory=Retention)
+    retention: Retention = field(default_factory=lambda: _retention())
     ops: OpsAddress | None = None
 
     @classmethod
@@ -198,7 +237,7 @@ class Settings:
         # The retention variables are read where a partition manager may run: a relay, `worker --sweep`, dev.
         if args.command == "worker":
             return cls(url, worker=_worker(args, environ),
-                       retention=retention_from_env(environ) if args.sweep else Retention(),
+                       retention=retention_from_env(environ) if args.sweep else _retention(),
                        ops=OpsAddress(args.host, args.port))
         retention = retention_from_env(environ)
         if args.command == "relay":
@@ -213,15 +252,27 @@ class Settings:
         raise ValueError(f"no service settings for `hookline {args.command}`")
 
 
+def _breaker() -> BreakerSettings:
+    from hookline.relay.breaker import BreakerSettings
+
+    return BreakerSettings()
+
+
+def _retention() -> Retention:
+    from hookline.core.partitions import Retention
+
+    return Retention()
+
+
 def _receiver(args: argparse.Namespace, environ: Environ) -> ReceiverSettings:
-    # The limits' variables (HOOKLINE_HEADER_TIMEOUT, ...) are the flags' defaults (cli.py), so argparse
-    # has checked them with the flags.
-    return ReceiverSettings(
-        host=args.host, port=args.port, max_batch=args.max_batch, batch_window=args.batch_window_ms / 1000,
-        db_connections=args.db_connections, header_timeout=args.header_timeout, body_timeout=args.body_timeout,
-        keepalive_timeout=args.keepalive_timeout, max_buffered_bodies=args.max_buffered_bodies,
-        max_buffered_bytes=args.max_buffered_bytes, max_queued_events=args.max_queued_events,
-        reuse_port=environ.get(REUSE_PORT) == "1")
+    defaults = ReceiverSettings()
+    # Each limit: its flag when given (argparse checked it), else its variable, else the default.
+    limits: dict[str, Any] = {name: getattr(args, name) if getattr(args, name) is not None
+              else _limit(variable, getattr(defaults, name), environ)
+              for name, variable in RECEIVER_LIMITS.items()}
+    return dataclasses.replace(defaults, host=args.host, port=args.port, max_batch=args.max_batch,
+                               batch_window=args.batch_window_ms / 1000, db_connections=args.db_connections,
+                               reuse_port=environ.get(REUSE_PORT) == "1", **limits)
 
 
 def _worker(args: argparse.Namespace, environ: Environ) -> WorkerSettings:
@@ -247,6 +298,8 @@ def _destination_secret_file(providers: tuple[str, ...] | None, environ: Environ
 
 
 def _relay(args: argparse.Namespace, environ: Environ, retention: Retention) -> tuple[RelaySettings, Retention]:
+    from hookline.relay.breaker import BreakerSettings
+
     if args.concurrency < 1:
         raise ConfigError("--concurrency must be at least 1")
     breaker = BreakerSettings(failure_rate=args.breaker_failure_rate, min_volume=args.breaker_min_volume,
