@@ -101,7 +101,7 @@ class Host:
         self._ops: web.AppRunner | None = None
 
     def component(self, kind: type[C]) -> C:
-        """The running component of class ``kind`` (tests and ``hookline dev``'s banner look inside)."""
+        """The running component of class ``kind`` (for tests that look inside)."""
         return next(c for c in self.components if isinstance(c, kind))
 
     async def run(self, started: Callable[[Host], None] | None = None) -> int:

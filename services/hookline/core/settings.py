@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -39,7 +40,6 @@ DESTINATION_SECRET_FILE = "HOOKLINE_DESTINATION_SECRET_FILE"
 HANDLER_SEARCH_PATH = "HOOKLINE_HANDLER_SEARCH_PATH"
 ALLOW_PRIVATE_NETWORKS = "HOOKLINE_ALLOW_PRIVATE_NETWORKS"
 KEYS_FILE = "HOOKLINE_SECRET_KEYS_FILE"
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # The receiver's limits (ReceiverSettings fields) and the variable each flag's default comes from.
 RECEIVER_LIMITS = {
     "header_timeout": "HOOKLINE_HEADER_TIMEOUT",
@@ -160,9 +160,9 @@ class LogSettings:
         if fmt and fmt not in ("json", "text"):
             raise ConfigError(f"{LOG_FORMAT} must be json or text, not {fmt!r}")
         chosen = (level or environ.get(LOG_LEVEL) or "INFO").strip().upper()
-        if chosen not in LOG_LEVELS:
+        if chosen not in logging.getLevelNamesMapping():
             source = "--log-level" if level else LOG_LEVEL
-            raise ConfigError(f"{source} must be one of {', '.join(LOG_LEVELS)}, not {chosen.lower()!r}")
+            raise ConfigError(f"{source} must be DEBUG, INFO, WARNING or ERROR, not {chosen.lower()!r}")
         return cls(chosen, fmt or ("text" if for_people or terminal else "json"))
 
 
@@ -226,12 +226,10 @@ class Settings:
     ops: OpsAddress | None = None
 
     @classmethod
-    def for_command(cls, args: argparse.Namespace, environ: Environ = os.environ, *,
-                    database: str | None = None) -> Settings:
-        """The settings of ``hookline receiver|worker|relay|dev`` from its parsed ``args`` and the
-        environment; ``database``: the URL when it does not come from HOOKLINE_DATABASE_URL."""
+    def for_command(cls, args: argparse.Namespace, environ: Environ = os.environ) -> Settings:
+        """The settings of ``hookline receiver|worker|relay|dev`` from its parsed ``args`` and the environment."""
         # `hookline dev` reads no HOOKLINE_DATABASE_URL: its database is the embedded one, known once it runs.
-        url = database or ("" if args.command == "dev" else database_url(environ))
+        url = "" if args.command == "dev" else database_url(environ)
         if args.command == "receiver":
             return cls(url, receiver=_receiver(args, environ))
         # The retention variables are read where a partition manager may run: a relay, `worker --sweep`, dev.
@@ -267,9 +265,10 @@ def _retention() -> Retention:
 def _receiver(args: argparse.Namespace, environ: Environ) -> ReceiverSettings:
     defaults = ReceiverSettings()
     # Each limit: its flag when given (argparse checked it), else its variable, else the default.
-    limits: dict[str, Any] = {name: getattr(args, name) if getattr(args, name) is not None
-              else _limit(variable, getattr(defaults, name), environ)
-              for name, variable in RECEIVER_LIMITS.items()}
+    limits: dict[str, Any] = {
+        name: getattr(args, name) if getattr(args, name) is not None else _limit(variable, getattr(defaults, name),
+                                                                                  environ)
+        for name, variable in RECEIVER_LIMITS.items()}
     return dataclasses.replace(defaults, host=args.host, port=args.port, max_batch=args.max_batch,
                                batch_window=args.batch_window_ms / 1000, db_connections=args.db_connections,
                                reuse_port=environ.get(REUSE_PORT) == "1", **limits)
