@@ -596,3 +596,33 @@ async def test_a_worker_imports_handlers_from_its_import_path(pool: asyncpg.Pool
                          what="the handler imported from --import-path ran")
     finally:
         proc.stop()
+@pytest.mark.parametrize(("argv", "variable", "value"), [
+    (["worker", "--sweep"], "HOOKLINE_RETENTION_DONE_HOURS", "soon"),
+    (["relay"], "HOOKLINE_RETENTION_MAX_DEAD_DAYS", "0"),
+    (["relay"], "HOOKLINE_RETENTION_MAX_DONE_HOURS", "1"),  # below the default kept
+    (["relay"], "HOOKLINE_ALLOW_PRIVATE_NETWORKS", "maybe"),
+    (["worker"], "HOOKLINE_HANDLER_SEARCH_PATH", "public; DROP TABLE x"),
+    (["worker", "--provider", "a", "--provider", "b"], "HOOKLINE_DESTINATION_SECRET_FILE", "/run/secret"),
+    (["worker"], "HOOKLINE_LOG_FORMAT", "yaml"),
+    (["receiver"], "HOOKLINE_LOG_LEVEL", "loud"),
+    (["receiver"], "HOOKLINE_HEADER_TIMEOUT", "soon"),
+    (["receiver"], "HOOKLINE_MAX_QUEUED_EVENTS", "0"),
+])
+def test_a_bad_variable_is_one_line_naming_it(database_url: str, argv: list[str], variable: str, value: str) -> None:
+    """Through the real program: a service started with a bad environment variable says so in one
+    line naming it (exit 2, core/settings.py's ConfigError), before it opens anything."""
+    env = {**os.environ, "HOOKLINE_DATABASE_URL": database_url, variable: value}
+    done = subprocess.run([sys.executable, "-m", "hookline", *argv], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and variable in done.stderr, done.stderr
+
+
+def test_dev_with_a_bad_variable_says_so_before_starting_postgres(tmp_path: Path) -> None:
+    env = {**os.environ, "HOOKLINE_RETENTION_DEAD_DAYS": "-1"}
+    done = subprocess.run([sys.executable, "-m", "hookline", "dev", "--port", "0", "--data-dir", str(tmp_path / "dev")],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and "HOOKLINE_RETENTION_DEAD_DAYS" in done.stderr
+    assert not (tmp_path / "dev").exists()  # no Postgres was started for it

@@ -17,8 +17,12 @@ from prometheus_client import REGISTRY
 
 from hookline import outbox
 from hookline.core.consumer import LeasedConsumer
+from hookline.core.dedicated import DedicatedConnection
+from hookline.core.host import Host
+from hookline.core.listener import Listener
 from hookline.core.maintenance import sweep_once
 from hookline.core.queue import INBOX, RetryPolicy
+from hookline.core.settings import RelaySettings, Settings
 from hookline.core.signatures import get_scheme
 from hookline.relay import endpoints
 from hookline.relay.service import Relay
@@ -36,9 +40,9 @@ class GatedConsumer(LeasedConsumer):
     """Claims inbox rows of provider "p"; each task waits for ``effect[id]`` (then gives back its
     slot, as the worker does once an effect is done) and for ``booked[id]`` before completing."""
 
-    def __init__(self, pool: asyncpg.Pool, concurrency: int) -> None:
+    def __init__(self, pool: asyncpg.Pool, listener: Listener, concurrency: int) -> None:
         super().__init__(pool, INBOX, worker_id="gated", channels=(), concurrency=concurrency,
-                         poll_interval=0.05, grace_period=1.0, completion_overlap=concurrency)
+                         poll_interval=0.05, grace_period=1.0, completion_overlap=concurrency, listener=listener)
         self.effect: dict[int, asyncio.Event] = {}
         self.booked: dict[int, asyncio.Event] = {}
         self.log: list[tuple[str, int, bool]] = []  # ("start" | "end", id, suspect)
@@ -78,11 +82,13 @@ class GatedConsumer(LeasedConsumer):
 
 
 @pytest.fixture
-async def consumers(pool: asyncpg.Pool) -> AsyncIterator[Callable[[int], GatedConsumer]]:
+async def consumers(database_url: str, pool: asyncpg.Pool) -> AsyncIterator[Callable[[int], GatedConsumer]]:
     started: list[GatedConsumer] = []
+    listener = Listener(DedicatedConnection(database_url))
+    await listener.start()
 
     def start(concurrency: int) -> GatedConsumer:
-        consumer = GatedConsumer(pool, concurrency)
+        consumer = GatedConsumer(pool, listener, concurrency)
         started.append(consumer)
         return consumer
 
@@ -91,6 +97,7 @@ async def consumers(pool: asyncpg.Pool) -> AsyncIterator[Callable[[int], GatedCo
         for id in consumer.effect:
             consumer.finish(id)
         await consumer.stop_loops()
+    await listener.stop()
 
 
 async def ids_of(pool: asyncpg.Pool, event_ids: list[str]) -> list[int]:
@@ -219,7 +226,7 @@ async def test_the_sweep_makes_suspects_that_only_claim_suspect_hands_out(pool: 
     assert await pool.fetchval("SELECT suspect FROM hookline.inbox WHERE id = $1", one["id"]) is False
 
 
-async def test_the_relay_delivers_suspects_one_at_a_time(pool: asyncpg.Pool) -> None:
+async def test_the_relay_delivers_suspects_one_at_a_time(database_url: str, pool: asyncpg.Pool) -> None:
     running, most = 0, 0
 
     async def one_at_a_time(_n: int, _r: Received) -> Answer:
@@ -240,7 +247,8 @@ async def test_the_relay_delivers_suspects_one_at_a_time(pool: asyncpg.Pool) -> 
         await pool.execute("UPDATE hookline.deliveries SET suspect = true, attempts = 1")
         claimed_before = REGISTRY.get_sample_value(
             "hookline_suspects_claimed_total", {"queue": "hookline.deliveries", "partition": "partner"}) or 0.0
-        relay = Relay(pool, allow_private_networks=True, poll_interval=0.05, concurrency=16)
+        relay = Host(Settings(database_url, relay=RelaySettings(allow_private_networks=True, poll_interval=0.05,
+                                                                concurrency=16)), [Relay])
         await relay.start()
         try:
             await eventually(lambda: pool.fetchval(

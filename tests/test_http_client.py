@@ -317,7 +317,7 @@ async def test_bytes_on_an_idle_connection_end_it(client: WebhookClient) -> None
     server, url = await raw_server(answer_twice)
     async with server:
         assert (await client.post(url, b"{}", HEADERS, timeout=5)).body == "ok"
-        await wait_for(lambda: all(c.closed for idle in client._idle.values() for c in idle))
+        await eventually(lambda: all(c.closed for idle in client._idle.values() for c in idle))
         assert (await client.post(url, b"{}", HEADERS, timeout=5)).body == "ok"  # not "stale"
     assert client.connections_opened == 2
 

@@ -14,8 +14,9 @@ import pytest
 LOG_ONE_LINE = """
 import sys
 from hookline.core import logs
+from hookline.core.settings import LogSettings
 import logging
-logs.setup(for_people=sys.argv[1] == "dev")
+logs.setup(LogSettings.read(None, for_people=sys.argv[1] == "dev", terminal=sys.stderr.isatty()))
 logging.getLogger("hookline.test").warning("event dead", extra={"provider": "stripe", "error": "HTTP 500"})
 """
 

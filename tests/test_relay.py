@@ -20,6 +20,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from hookline import outbox
+from hookline.core.host import Host
+from hookline.core.settings import RelaySettings, Settings
 from hookline.core.signatures import get_scheme
 from hookline.relay import endpoints
 from hookline.relay.breaker import BreakerSettings
@@ -38,20 +40,22 @@ def new_secret() -> str:
 
 
 @pytest.fixture
-async def start_relay(pool: asyncpg.Pool) -> AsyncIterator[StartRelay]:
-    started: list[Relay] = []
+async def start_relay(database_url: str) -> AsyncIterator[StartRelay]:
+    """A relay in this process, on a Host as `hookline relay` runs it (its own pool, LISTEN and lease connections)."""
+    started: list[Host] = []
 
     async def start(**options: object) -> Relay:
         settings: dict[str, object] = {"allow_private_networks": True, "poll_interval": 0.1,
                                        "sweep_interval": 0.5, "concurrency": 16, "grace_period": 2.0}
-        relay = Relay(pool, **{**settings, **options})  # type: ignore[arg-type]
-        await relay.start()
-        started.append(relay)
-        return relay
+        host = Host(Settings(database_url, relay=RelaySettings(**{**settings, **options})),  # type: ignore[arg-type]
+                    [Relay])
+        await host.start()
+        started.append(host)
+        return host.component(Relay)
 
     yield start
-    for relay in started:
-        await relay.stop()
+    for host in started:
+        await host.stop()
 
 
 async def register(pool: asyncpg.Pool, name: str, endpoint: TestEndpoint, **options: object) -> None:

@@ -20,6 +20,8 @@ import pytest
 
 from hookline import outbox
 from hookline.core.embedded import free_port
+from hookline.core.host import Host
+from hookline.core.settings import RelaySettings, Settings
 from hookline.core.signatures import get_scheme
 from hookline.relay import endpoints
 from hookline.relay.breaker import BreakerSettings, Circuit, CircuitState, Outcomes, granted_probe, record
@@ -264,12 +266,15 @@ async def counted_successes(pool: asyncpg.Pool, endpoint: str) -> int:
                                    "WHERE name = $1", endpoint))
 
 
-async def test_held_successes_are_counted_by_an_idle_relay_and_at_stop(pool: asyncpg.Pool) -> None:
+async def test_held_successes_are_counted_by_an_idle_relay_and_at_stop(database_url: str, pool: asyncpg.Pool
+                                                                       ) -> None:
     """Successes alone wait in memory to be counted (relay/service.py Bookkeeper); an idle relay
     still counts every one of them, and a stopping relay counts what it holds."""
     async with TestEndpoint(new_secret()) as ep:
         await register(pool, "steady", ep.url, ep.secret)
-        first = Relay(pool, allow_private_networks=True, poll_interval=0.1, concurrency=8, grace_period=2.0)
+        settings = Settings(database_url, relay=RelaySettings(allow_private_networks=True, poll_interval=0.1,
+                                                              concurrency=8, grace_period=2.0))
+        first = Host(settings, [Relay])
         await first.start()
         try:
             await publish_many(pool, 30)
@@ -278,7 +283,7 @@ async def test_held_successes_are_counted_by_an_idle_relay_and_at_stop(pool: asy
             await eventually(lambda: _counted(pool, "steady", 30), timeout=15)
         finally:
             await first.stop()
-        second = Relay(pool, allow_private_networks=True, poll_interval=0.1, concurrency=8, grace_period=2.0)
+        second = Host(settings, [Relay])
         await second.start()
         try:
             await publish_many(pool, 5)

@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 
 from hookline import outbox
-from hookline.core import db, partitions
+from hookline.core import db, partitions, settings
 from hookline.core.config import ConfigError
 from hookline.core.maintenance import Job, Maintainer, partition_manager
 from hookline.core.signatures import get_scheme
@@ -438,10 +438,10 @@ async def test_a_drop_never_holds_a_partition_while_waiting_for_its_parent(datab
 
 async def test_the_install_maximum_is_read_and_never_below_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOKLINE_RETENTION_DONE_HOURS", "1000")
-    assert partitions.Retention.from_env().max_done_hours == 1000  # unset: raised to the default chosen
+    assert settings.retention_from_env().max_done_hours == 1000  # unset: raised to the default chosen
     monkeypatch.setenv("HOOKLINE_RETENTION_MAX_DONE_HOURS", "500")
     with pytest.raises(ConfigError, match="HOOKLINE_RETENTION_MAX_DONE_HOURS"):
-        partitions.Retention.from_env()
+        settings.retention_from_env()
     monkeypatch.setenv("HOOKLINE_RETENTION_MAX_DONE_HOURS", "two weeks")
     with pytest.raises(ConfigError, match="must be a number"):
-        partitions.Retention.from_env()
+        settings.retention_from_env()

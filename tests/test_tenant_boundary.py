@@ -23,7 +23,9 @@ import asyncpg
 import pytest
 
 from hookline.core import db, maintenance, migrations, partitions
+from hookline.core.dedicated import DedicatedConnection
 from hookline.core.embedded import EmbeddedPostgres
+from hookline.core.listener import Listener
 from hookline.core.maintenance import Job, Maintainer
 from hookline.core.providers import ProviderRegistry
 from hookline.core.queue import RetryPolicy
@@ -387,7 +389,9 @@ async def test_a_notify_flood_costs_a_few_cheap_looks(install: Install) -> None:
     """Row 7: any role may NOTIFY hookline_providers, and every notification re-read and re-parsed
     every provider. Now a forged notification costs a fingerprint query, a few a second at most."""
     pool = await db.create_pool(install.owner_url, min_size=1, max_size=4)
-    registry = ProviderRegistry(pool, refresh=3600, debounce=0.25)  # no timed re-read meanwhile
+    listener = Listener(DedicatedConnection(install.owner_url))
+    await listener.start()
+    registry = ProviderRegistry(pool, refresh=3600, debounce=0.25, listener=listener)  # no timed re-read meanwhile
     await registry.start()
     attacker = await install.attacker()
     try:
@@ -406,6 +410,7 @@ async def test_a_notify_flood_costs_a_few_cheap_looks(install: Install) -> None:
     finally:
         await attacker.close()
         await registry.stop()
+        await listener.stop()
         await pool.close()
 
 

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from hookline.core import secrets_at_rest
-    from hookline.core.config import database_url
+    from hookline.core.settings import database_url
     from hookline_operator import handlers
     from hookline_operator.memo import OperatorMemo
 

@@ -29,8 +29,8 @@ from kubernetes.client.exceptions import ApiException
 
 from hookline.core import db
 from hookline.core import secrets_at_rest as sealing
-from hookline.core.config import database_url
 from hookline.core.providers import SpecError, parse_provider, stored_secrets
+from hookline.core.settings import database_url
 from hookline.core.signatures import get_scheme
 from hookline_operator import placement, resources, tenancy
 from hookline_operator.kube import Kube, ObservedSecret

@@ -98,22 +98,30 @@ def _add_import_path_flag(p: argparse.ArgumentParser, *, working_directory: bool
 def _add_receiver_limits(p: argparse.ArgumentParser) -> None:
     """Deadlines and caps that keep slow or hostile clients from holding the receiver (per process)."""
 
-    def limit(flag: str, env: str, kind: type[int] | type[float], default: str, text: str) -> None:
-        p.add_argument(flag, type=_positive(kind), default=os.environ.get(env, default), metavar="N",
-                       help=f"{text} (default {default}; or {env})")
+    from hookline.core.settings import RECEIVER_LIMITS, ReceiverSettings
 
-    limit("--header-timeout", "HOOKLINE_HEADER_TIMEOUT", float, "10",
+    defaults = ReceiverSettings()
+
+    def limit(flag: str, text: str) -> None:
+        # Left None when not given: its variable, read with the rest in core/settings.py, decides then.
+        name = flag.removeprefix("--").replace("-", "_")
+        default = getattr(defaults, name)
+        p.add_argument(flag, type=_positive(type(default)), default=None, metavar="N",
+                       help=f"{text} (default {default:g}; or {RECEIVER_LIMITS[name]})" if isinstance(default, float)
+                       else f"{text} (default {default}; or {RECEIVER_LIMITS[name]})")
+
+    limit("--header-timeout",
           "seconds a connection may take to send a request's headers, from their first byte; then it is closed")
-    limit("--body-timeout", "HOOKLINE_BODY_TIMEOUT", float, "30",
+    limit("--body-timeout",
           "seconds a request may take to send its whole body; then it is answered 408 and closed")
-    limit("--keepalive-timeout", "HOOKLINE_KEEPALIVE_TIMEOUT", float, "75",
+    limit("--keepalive-timeout",
           "seconds an idle connection is kept open between requests")
-    limit("--max-buffered-bodies", "HOOKLINE_MAX_BUFFERED_BODIES", int, "1024",
+    limit("--max-buffered-bodies",
           "requests whose bodies the process holds at once (read or waiting to be stored); more get 503 "
           "with Retry-After at once")
-    limit("--max-buffered-bytes", "HOOKLINE_MAX_BUFFERED_BYTES", int, str(256 * 1024 * 1024),
+    limit("--max-buffered-bytes",
           "bytes of bodies the process holds at once; a request that would exceed it gets 503 with Retry-After")
-    limit("--max-queued-events", "HOOKLINE_MAX_QUEUED_EVENTS", int, "4096",
+    limit("--max-queued-events",
           "verified events waiting for a database write; beyond it requests get 503 with Retry-After at once "
           "instead of queueing behind a slow database")
 
@@ -134,6 +142,15 @@ environment:
                           a line, the first encrypts (required wherever a secret is written or read)
   HOOKLINE_LOG_FORMAT     json or text (default: text on a terminal, json otherwise)
   HOOKLINE_LOG_LEVEL      used when --log-level is not given
+"""
+
+# Read by the partition manager (core/settings.py retention_from_env), which `worker --sweep` and relays run.
+RETENTION_ENVIRONMENT = """\
+  HOOKLINE_RETENTION_DONE_HOURS / _DEAD_DAYS / _DEDUP_DAYS   how long providers' done events (default 72),
+                          dead events (14) and body hashes (30) are kept, for providers without their own
+  HOOKLINE_RETENTION_MAX_DONE_HOURS / _MAX_DEAD_DAYS   the most a provider's spec.retention may keep
+                          (default 720 hours and 90 days, never below the two above)
+  HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS / _DEAD_DAYS   the same for outbox endpoints (default 72 and 14)
 """
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -163,6 +180,8 @@ def configure_dev_parser(subparsers: Subparsers) -> None:
         "                          --data-dir, made with a new key, mode 0600, on first run)\n"
         "  HOOKLINE_LOG_LEVEL      used when --log-level is not given\n"
         "  HOOKLINE_IMPORT_PATH    more directories to import handler modules from (as --import-path)\n"
+        + RETENTION_ENVIRONMENT +
+        "  HOOKLINE_HANDLER_SEARCH_PATH   the search path handlers' statements run on (default \"$user\", public)\n"
         "  (HOOKLINE_DATABASE_URL is not read: the database is the embedded one. Needs hookline[dev].)\n")
     p.add_argument("--port", type=int, default=8080, help="receiver port (default 8080)")
     p.add_argument("--host", default="127.0.0.1", help="receiver address (default 127.0.0.1)")
@@ -188,7 +207,11 @@ def configure_receiver_parser(subparsers: Subparsers) -> None:
         "the event idempotently and answer only after it is committed. Serves /healthz, /readyz and "
         "/metrics on the same port.",
         examples="  hookline receiver --port 8080\n"
-        "  hookline receiver --processes 4 --max-queued-events 8192\n")
+        "  hookline receiver --processes 4 --max-queued-events 8192\n",
+        environment=ENVIRONMENT
+        + "  HOOKLINE_HEADER_TIMEOUT, HOOKLINE_BODY_TIMEOUT, ...   the limits' defaults (see each flag)\n"
+        "  HOOKLINE_REUSE_PORT=1   share the port with other processes (SO_REUSEPORT); --processes sets it for\n"
+        "                          its children (default: the port is this process's alone)\n")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--max-batch", type=int, default=32,
@@ -217,7 +240,9 @@ def configure_worker_parser(subparsers: Subparsers) -> None:
         environment=ENVIRONMENT + "  HOOKLINE_DESTINATION_SECRET_FILE  for a tenant's workers (as the operator runs\n"
         "                          them): the destination signing secret of the one --provider, from this file;\n"
         "                          no secret column is read and no key file is needed\n"
-        "  HOOKLINE_IMPORT_PATH    more directories to import handler modules from (as --import-path)\n")
+        "  HOOKLINE_IMPORT_PATH    more directories to import handler modules from (as --import-path)\n"
+        "  HOOKLINE_HANDLER_SEARCH_PATH   the search path handlers' statements run on (default \"$user\", public;\n"
+        "                          the worker's own statements run on a pinned one)\n" + RETENTION_ENVIRONMENT)
     p.add_argument("--provider", action="append", dest="providers", metavar="NAME",
                    help="only this provider (repeatable; default: all providers)")
     p.add_argument("--concurrency", type=int, default=16, help="events processed at once (default 16)")
@@ -266,7 +291,9 @@ def configure_relay_parser(subparsers: Subparsers) -> None:
         "endpoint, dead letters and retention. Run as many as you like.",
         examples="  hookline relay --concurrency 128\n"
         "  hookline relay --allow-private-networks      endpoints inside your own network\n",
-        environment=ENVIRONMENT + "  HOOKLINE_ALLOW_PRIVATE_NETWORKS=true   as --allow-private-networks\n")
+        environment=ENVIRONMENT
+        + "  HOOKLINE_ALLOW_PRIVATE_NETWORKS=true   as --allow-private-networks (default false)\n"
+        + RETENTION_ENVIRONMENT)
     p.add_argument("--concurrency", type=int, default=64, help="deliveries in flight at once (default 64)")
     p.add_argument("--allow-private-networks", action="store_true",
                    help="allow endpoints on loopback/private addresses (or HOOKLINE_ALLOW_PRIVATE_NETWORKS=true)")
@@ -609,9 +636,11 @@ def _require_extra(command: str) -> None:
         sys.exit(2)
 
 
-def _run(coro_fn: Callable[..., Coroutine[Any, Any, int | None]], *args: Any) -> int:
+def _run(command: Callable[..., int | None], *args: Any) -> int:
+    """Run a command; the one place that turns its expected failures into one line and an exit status
+    (bad configuration, from core/settings.py or anywhere else, is ConfigError: exit status 2)."""
     try:
-        return _event_loop_runner()(coro_fn(*args)) or 0
+        return command(*args) or 0
     except ConfigError as exc:
         print(f"hookline: {exc}", file=sys.stderr)
         return 2
@@ -644,18 +673,14 @@ FINDS_DEV_STACK = frozenset({"migrate", "providers", "secrets", "dlq", "endpoint
 
 def _use_dev_stack_and_import_path(args: argparse.Namespace) -> None:
     """The running dev stack (devstack.py) for the commands that look for it; the handler import
-    path (handler_imports.py) for those that import handlers. A problem is one line and exit 2."""
+    path (handler_imports.py) for those that import handlers. A problem is a ConfigError."""
     from hookline import devstack, handler_imports
 
-    try:
-        if args.command in FINDS_DEV_STACK and (line := devstack.use_dev_stack()):
-            print(line, file=sys.stderr)
-        if hasattr(args, "import_paths") and not getattr(args, "no_import_check", False):
-            handler_imports.extend_sys_path(handler_imports.import_dirs(
-                args.import_paths, working_directory=args.command != "worker"))
-    except ConfigError as exc:
-        print(f"hookline: {exc}", file=sys.stderr)
-        sys.exit(2)
+    if args.command in FINDS_DEV_STACK and (line := devstack.use_dev_stack()):
+        print(line, file=sys.stderr)
+    if hasattr(args, "import_paths") and not getattr(args, "no_import_check", False):
+        handler_imports.extend_sys_path(handler_imports.import_dirs(
+            args.import_paths, working_directory=args.command != "worker"))
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, int | None]], int | None]:
@@ -673,21 +698,22 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     _check_arguments(parser, args)
     _require_extra(args.command)
-    logs.setup(getattr(args, "log_level", None), for_people=args.command == "dev")
+    sys.exit(_run(_command, args, sys.argv[1:] if argv is None else argv))
+
+
+def _command(args: argparse.Namespace, argv: list[str]) -> int | None:
+    from hookline.core.settings import log_settings
+
+    logs.setup(log_settings(args, terminal=sys.stderr.isatty()))
     _use_dev_stack_and_import_path(args)
     if args.command == "operator":
         from hookline_operator.main import run
 
-        try:
-            sys.exit(run(args))
-        except ConfigError as exc:
-            print(f"hookline: {exc}", file=sys.stderr)
-            sys.exit(2)
+        return run(args)
     if args.command == "receiver" and args.processes > 1:
         from hookline.core.supervise import run_children
 
-        argv = sys.argv[1:] if argv is None else argv
-        sys.exit(run_children([*argv, "--processes", "1"], args.processes))
+        return run_children([*argv, "--processes", "1"], args.processes)
     if args.command in TRACED:
         from hookline.core import tracing
 
@@ -710,4 +736,4 @@ def main(argv: list[str] | None = None) -> None:
         "send-test": commands.send_test,
         "publish": commands.publish,
     }[args.command]
-    sys.exit(_run(handler, args))
+    return _event_loop_runner()(handler(args))

@@ -4,22 +4,15 @@ answer printed (argument parsing lives in cli.py; the domain operations in core/
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 
-from hookline.core import db, migrations, pools, providers, secrets_at_rest
-from hookline.core.dedicated import DedicatedConnection
-from hookline.core.http import run_until_stopped
-from hookline.core.listener import Listener
+from hookline.core import db, migrations, providers, secrets_at_rest
 from hookline.core.providers import SpecError
-
-if TYPE_CHECKING:
-    from hookline.receiver.app import ReceiverLimits
 
 
 def _fail(message: str) -> int:
@@ -31,7 +24,8 @@ async def _connect() -> asyncpg.Connection:
     try:
         return await db.connect(pinned_search_path=True)
     except db.DATABASE_ERRORS as exc:
-        from hookline.core.config import ConfigError, database_url, redact_url
+        from hookline.core.config import ConfigError, redact_url
+        from hookline.core.settings import database_url
 
         raise ConfigError(f"cannot connect to {redact_url(database_url())}: {exc}") from None
 
@@ -106,108 +100,21 @@ async def providers_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def receiver_limits(args: argparse.Namespace) -> ReceiverLimits:
-    from hookline.core.http import ConnectionLimits
-    from hookline.receiver.app import ReceiverLimits
-    from hookline.receiver.body import BodyLimits
-
-    return ReceiverLimits(
-        connections=ConnectionLimits(header_timeout=args.header_timeout, keepalive_timeout=args.keepalive_timeout),
-        body=BodyLimits(body_timeout=args.body_timeout, max_buffered_bodies=args.max_buffered_bodies,
-                        max_buffered_bytes=args.max_buffered_bytes),
-        max_queued_events=args.max_queued_events,
-    )
-
-
 async def receiver(args: argparse.Namespace) -> int:
-    from hookline.core.providers import ProviderRegistry
+    from hookline.core.host import Host
+    from hookline.core.settings import Settings
     from hookline.receiver.app import Receiver
 
     secrets_at_rest.required_ring("the receiver")  # it verifies every request with a stored secret
-    # The registry's LISTEN connection is the listener's, outside the pool; the total stays pools.receiver.
-    size = pools.pool_size(pools.receiver(args.db_connections))
-    pool = await db.create_pool(min_size=size, max_size=size, lean=True, pinned_search_path=True)
-    listener = Listener(DedicatedConnection())
-    await listener.start()
-    registry = ProviderRegistry(pool, listener=listener)
-    await registry.start()
-    service = Receiver(pool, registry, args.host, args.port, receiver_limits(args), max_batch=args.max_batch,
-                       window=args.batch_window_ms / 1000, flushers=args.db_connections)
-
-    async def stop() -> None:
-        await service.stop()
-        await registry.stop()
-        await listener.stop()
-        await pool.close()
-
-    await run_until_stopped(service.start, stop)
-    return 0
-
-
-def _destination_secret_file(providers: list[str] | None) -> Path | None:
-    """HOOKLINE_DESTINATION_SECRET_FILE: the destination signing secret of the worker's one provider, as
-    the operator mounts it into a tenant's workers (they have no key to open the stored one)."""
-    from hookline.core.config import ConfigError
-
-    configured = os.environ.get("HOOKLINE_DESTINATION_SECRET_FILE", "").strip()
-    if not configured:
-        return None
-    if len(providers or []) != 1:
-        raise ConfigError("HOOKLINE_DESTINATION_SECRET_FILE is one provider's destination secret: "
-                          "run the worker with exactly one --provider")
-    return Path(configured)
+    return await Host(Settings.for_command(args), [Receiver]).run()
 
 
 async def worker(args: argparse.Namespace) -> int:
-    from hookline.core.http import ops_app, serve
-    from hookline.core.maintenance import Maintainer, inbox_maintainer, partitions_maintainer
-    from hookline.core.providers import ProviderRegistry
+    from hookline.core.host import Host
+    from hookline.core.settings import Settings
     from hookline.worker.service import Worker
 
-    if args.concurrency < 1:
-        return _fail("--concurrency must be at least 1")
-    destination_secret_file = _destination_secret_file(args.providers)
-    # Connections open as load asks for them (an idle worker holds a few), up to the size the operator's
-    # connection budget counts per worker pod: the pool, the shared LISTEN and the maintenance leader's lock.
-    # A sweeping worker also takes part in the partition manager's election: one more lock connection,
-    # on top of the budget (the operator starts no sweeping workers), so its pool is as large as any.
-    locks = 2 if args.sweep else 1
-    pool = await db.create_pool(min_size=2, max_size=pools.pool_size(pools.worker(args.concurrency) + locks - 1,
-                                                                  locks=locks),
-                                lean=True, generic_plans=True, pinned_search_path=True)
-    listener = Listener(DedicatedConnection())
-    await listener.start()
-    registry = ProviderRegistry(pool, listener=listener, signing_secrets=False,
-                                destination_secret_file=destination_secret_file)
-    await registry.start()
-    unknown = [n for n in args.providers or [] if registry.get(n) is None]
-    if unknown:
-        # Not fatal: the provider may be applied later; the worker picks it up then.
-        print(f"hookline: warning: no provider named {', '.join(unknown)} yet; waiting for it", file=sys.stderr)
-    service = Worker(pool, registry, providers=args.providers, concurrency=args.concurrency,
-                     poll_interval=args.poll_interval, grace_period=args.grace_period, listener=listener,
-                     batch_seconds=args.batch_seconds)
-    maintainers: list[Maintainer] = [inbox_maintainer(pool, registry, DedicatedConnection(), sweep=args.sweep)]
-    if args.sweep:
-        maintainers.append(partitions_maintainer(pool, DedicatedConnection()))
-    runner = await serve(ops_app(pool), args.host, args.port)
-
-    async def start() -> None:
-        await service.start()
-        for maintainer in maintainers:
-            await maintainer.start()
-
-    async def stop() -> None:
-        await service.stop()
-        for maintainer in maintainers:
-            await maintainer.stop()
-        await runner.cleanup()
-        await registry.stop()
-        await listener.stop()
-        await pool.close()
-
-    await run_until_stopped(start, stop)
-    return 0
+    return await Host(Settings.for_command(args), [Worker]).run()
 
 
 async def dlq(args: argparse.Namespace) -> int:
@@ -238,43 +145,13 @@ async def dlq(args: argparse.Namespace) -> int:
 
 
 async def relay(args: argparse.Namespace) -> int:
-    from hookline.core.config import env_flag
-    from hookline.relay.breaker import BreakerSettings
+    from hookline.core.host import Host
+    from hookline.core.settings import Settings
     from hookline.relay.service import Relay
 
-    if args.concurrency < 1:
-        return _fail("--concurrency must be at least 1")
+    settings = Settings.for_command(args)
     secrets_at_rest.required_ring("the relay")  # it signs every delivery with a stored secret
-    breaker = BreakerSettings(failure_rate=args.breaker_failure_rate, min_volume=args.breaker_min_volume,
-                              window_seconds=args.breaker_window, probe_interval=args.breaker_probe_interval,
-                              close_after=args.breaker_close_after)
-    if problems := breaker.problems():
-        return _fail("; ".join(problems))
-    if args.retention_hours is not None and not args.retention_hours > 0:
-        return _fail("--retention-hours must be greater than 0")
-    allow_private = args.allow_private_networks or env_flag("HOOKLINE_ALLOW_PRIVATE_NETWORKS")
-    # The pool, the LISTEN connection and the outbox's and partitions' leader locks: pools.relay in all.
-    # Lean: no reset round trip per release (nothing in the relay leaves session state behind).
-    pool = await db.create_pool(max_size=pools.pool_size(pools.relay(args.concurrency), locks=pools.RELAY_LOCKS),
-                                lean=True, generic_plans=True, pinned_search_path=True)
-    listener = Listener(DedicatedConnection())
-    service = Relay(pool, concurrency=args.concurrency, allow_private_networks=allow_private,
-                    host=args.host, port=args.port, poll_interval=args.poll_interval,
-                    lease_seconds=args.lease_seconds, grace_period=args.grace_period,
-                    retention_hours=args.retention_hours, breaker=breaker, listener=listener,
-                    leader_connection=DedicatedConnection(), partitions_connection=DedicatedConnection())
-
-    async def start() -> None:
-        await listener.start()
-        await service.start()
-
-    async def stop() -> None:
-        await service.stop()
-        await listener.stop()
-        await pool.close()
-
-    await run_until_stopped(start, stop)
-    return 0
+    return await Host(settings, [Relay]).run()
 
 
 async def endpoints_cmd(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib.resources
 import logging
 import os
@@ -13,25 +14,19 @@ import shutil
 import socket
 import sys
 from pathlib import Path
-from typing import Protocol
 
 from hookline import devstack
 from hookline.core import db, migrations, secrets_at_rest, stored_secrets
 from hookline.core.config import ConfigError
-from hookline.core.dedicated import DedicatedConnection
 from hookline.core.embedded import EmbeddedPostgres, free_port
-from hookline.core.http import run_until_stopped
-from hookline.core.listener import Listener
 from hookline.core.providers import Provider, ProviderRegistry, SpecError, apply_providers
 from hookline.core.sample_event import sample_request
+from hookline.core.settings import Settings, keys_file
 from hookline.handler_imports import handler_problem
 
 log = logging.getLogger("hookline.dev")
 
 
-class Service(Protocol):
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
 DATABASE = "hookline"
 
 
@@ -122,48 +117,28 @@ def _on_path() -> bool:
     return found is not None and Path(found).resolve().parent == (Path(sys.prefix) / "bin").resolve()
 
 
-async def _run_stack(args: argparse.Namespace, url: str) -> None:
-    """Receiver, worker, relay and their housekeeping on one pool and one LISTEN connection."""
-    from hookline.core.maintenance import inbox_maintainer
+async def _run_stack(settings: Settings, url: str) -> None:
+    """Receiver, worker (which also sweeps leases) and relay on one Host: one pool, one LISTEN connection."""
+    from hookline.core.host import Host
     from hookline.receiver.app import Receiver
     from hookline.relay.service import Relay
     from hookline.worker.service import Worker
 
-    pool = await db.create_pool(url, max_size=36, lean=True, pinned_search_path=True)
-    listener = Listener(DedicatedConnection(url))
-    await listener.start()
-    registry = ProviderRegistry(pool, listener=listener)
-    await registry.start()
-    services: list[Service] = [
-        Receiver(pool, registry, args.host, args.port),
-        Worker(pool, registry, concurrency=8, listener=listener),
-        Relay(pool, allow_private_networks=True, concurrency=16, listener=listener,
-              leader_connection=DedicatedConnection(url)),
-        inbox_maintainer(pool, registry, DedicatedConnection(url), sweep=True),
-    ]
+    def welcome(host: Host) -> None:
+        assert host.registry is not None  # the receiver and the worker read providers
+        receiver = settings.receiver
+        _print_welcome(f"http://{receiver.host}:{receiver.port}", url, host.registry)
 
-    async def start() -> None:
-        for service in services:
-            await service.start()
-        _print_welcome(f"http://{args.host}:{args.port}", url, registry)
-
-    async def stop() -> None:
-        for service in reversed(services):
-            await service.stop()
-        await registry.stop()
-        await listener.stop()
-        await pool.close()
-
-    await run_until_stopped(start, stop)
+    await Host(dataclasses.replace(settings, database_url=url), [Receiver, Worker, Relay]).run(welcome)
 
 
 def use_keys_file(data_dir: Path) -> Path:
     """The key file that encrypts secrets at rest: HOOKLINE_SECRET_KEYS_FILE when set, else
     ``secret-keys`` in the data dir (made with a new key, mode 0600, on first use), which every
     part of the stack (and the CLI, told the same path) then reads."""
-    configured = os.environ.get(secrets_at_rest.KEYS_FILE_ENV, "").strip()
-    path = Path(configured) if configured else data_dir / "secret-keys"
-    if not configured and not path.exists():
+    configured = keys_file()
+    path = configured or data_dir / "secret-keys"
+    if configured is None and not path.exists():
         secrets_at_rest.write_new_keys_file(path)
     os.environ[secrets_at_rest.KEYS_FILE_ENV] = str(path)
     secrets_at_rest.required_ring("hookline dev")  # a bad file stops here, with its reason
@@ -186,6 +161,7 @@ async def run_dev(args: argparse.Namespace) -> int:
         print(f"hookline dev: cannot listen on {args.host}:{args.port} ({problem}; another hookline dev?): "
               "choose another port with --port", file=sys.stderr)
         return 1
+    settings = Settings.for_command(args)  # a bad variable stops here, before Postgres starts
     data_dir: Path = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     keys_file = use_keys_file(data_dir)
@@ -205,7 +181,7 @@ async def run_dev(args: argparse.Namespace) -> int:
         devstack.record(data_dir, url, devstack.receiver_url(args.host, args.port), keys_file)
         os.environ[devstack.DATA_DIR_ENV] = str(data_dir)  # for the banner's hint
         try:
-            await _run_stack(args, url)
+            await _run_stack(settings, url)
         finally:
             devstack.forget(data_dir)
     finally:

@@ -37,7 +37,6 @@ from typing import Any, TypeVar
 import asyncpg
 
 from hookline.core import metrics
-from hookline.core.dedicated import DedicatedConnection
 from hookline.core.listener import Listener, Subscription
 from hookline.core.queue import Queue
 from hookline.core.tasks import cancel_and_wait
@@ -52,14 +51,13 @@ SUSPECT_CHECK_INTERVAL = 1.0  # seconds between "is a suspect due?" probes (one 
 class LeasedConsumer(ABC):
     def __init__(self, pool: asyncpg.Pool, queue: Queue, *, worker_id: str, channels: tuple[str, ...],
                  concurrency: int, poll_interval: float, grace_period: float, refill: int = 1,
-                 completion_overlap: int = 0, listener: Listener | None = None) -> None:
+                 completion_overlap: int = 0, listener: Listener) -> None:
         self.pool = pool
         self.queue = queue
         self.worker_id = worker_id
         self.channels = channels
-        # The process's shared LISTEN connection; without one the consumer runs its own.
-        self._own_listener = listener is None
-        self.listener = listener or Listener(DedicatedConnection(pool))
+        # The process's shared LISTEN connection (the Host's: core/host.py), started and stopped by its owner.
+        self.listener = listener
         self._subscription: Subscription | None = None
         self.concurrency = concurrency
         self.poll_interval = poll_interval
@@ -149,8 +147,6 @@ class LeasedConsumer(ABC):
     async def start_loops(self) -> None:
         # After a LISTEN reconnect notifications may have been missed: look at once.
         self._subscription = await self.listener.subscribe(self.channels, self._notified, self.wake)
-        if self._own_listener:
-            await self.listener.start()
         self._loops = [asyncio.create_task(self._claim_loop(), name="claim"),
                        asyncio.create_task(self._heartbeat_loop(), name="heartbeat")]
 
@@ -185,8 +181,6 @@ class LeasedConsumer(ABC):
         self._loops = []
         if self._subscription is not None:
             self.listener.unsubscribe(self._subscription)
-        if self._own_listener:
-            await self.listener.stop()
 
     def _slot_freed(self) -> None:
         # Wake the claim loop only once it may claim (what it waits for): woken for every task that

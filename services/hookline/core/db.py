@@ -25,7 +25,7 @@ from typing import Any
 import asyncpg
 
 from hookline.core import metrics
-from hookline.core.config import database_url
+from hookline.core.settings import database_url
 
 _QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _DEFAULT = r"[A-Za-z_][\w.]*|'[^'\\]*'"

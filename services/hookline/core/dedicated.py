@@ -1,10 +1,9 @@
 """A connection held for one long-lived purpose: LISTEN (``core/listener.py``) or a session
 advisory lock (``core/maintenance.py``), and the one way both notice that it is gone.
 
-Opened from the database URL (services started by the CLI: a connection of its own, outside
-the pools), or taken out of a pool for as long as it is needed (services built on a pool
-alone, as tests and benchmarks build them). Either way it is closed, never handed back
-with its session state (listeners, locks) still on it.
+Always opened from the database URL, a connection of its own outside the pools (the Host,
+core/host.py, opens every one; tests and benchmarks run the same layout), and closed, never
+handed back with its session state (listeners, locks) still on it.
 """
 
 from __future__ import annotations
@@ -20,22 +19,17 @@ PROBE_INTERVAL = 5.0  # seconds between liveness probes of an idle held connecti
 
 
 class DedicatedConnection:
-    def __init__(self, source: asyncpg.Pool | str | None = None, probe_interval: float = PROBE_INTERVAL) -> None:
-        """``source``: a pool to take the connection from, or a database URL (None: HOOKLINE_DATABASE_URL)."""
-        self._source = source
+    def __init__(self, url: str | None = None, probe_interval: float = PROBE_INTERVAL) -> None:
+        """``url``: the database's (None: HOOKLINE_DATABASE_URL)."""
+        self._url = url
         self.probe_interval = probe_interval
 
     async def open(self) -> asyncpg.Connection:
-        if isinstance(self._source, asyncpg.Pool):
-            return await self._source.acquire()
-        return await db.connect(self._source, pinned_search_path=True)
+        return await db.connect(self._url, pinned_search_path=True)
 
     async def close(self, conn: asyncpg.Connection) -> None:
-        # Terminated rather than reset: its LISTENs and locks end with the session.
+        # Terminated rather than closed politely: its LISTENs and locks end with the session at once.
         conn.terminate()
-        if isinstance(self._source, asyncpg.Pool):
-            with contextlib.suppress(Exception):
-                await self._source.release(conn)
 
     async def wait_lost(self, conn: asyncpg.Connection, busy: asyncio.Lock | None = None) -> None:
         """Return once ``conn`` is gone: closed under us, or a liveness probe fails. The probe also

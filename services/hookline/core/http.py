@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -213,7 +212,8 @@ logging.getLogger("aiohttp.server").addFilter(MalformedRequestsQuietly())
 
 
 async def serve(app: web.Application, host: str, port: int, limits: ConnectionLimits | None = None,
-                short_lane: aiohttp_adapter.ShortLane | None = None, **handler_options: Any) -> web.AppRunner:
+                short_lane: aiohttp_adapter.ShortLane | None = None, reuse_port: bool = False,
+                **handler_options: Any) -> web.AppRunner:
     """Serve ``app`` on aiohttp's public server: a header deadline per connection (:class:`HeaderDeadline`)
     and the idle one (aiohttp's ``keepalive_timeout``); ``handler_options`` are aiohttp's (e.g. auto_decompress).
     Requests ``short_lane`` takes are answered by it where aiohttp allows (``aiohttp_adapter``)."""
@@ -226,9 +226,8 @@ async def serve(app: web.Application, host: str, port: int, limits: ConnectionLi
     assert runner.server is not None
     connections.protocol_factory = aiohttp_adapter.protocol_factory(runner.server, short_lane,
                                                                     connections.by_transport)
-    # With several processes on one port (hookline receiver --processes N) the kernel spreads
-    # connections over them (SO_REUSEPORT); a lone process keeps the port to itself.
-    reuse_port = os.environ.get("HOOKLINE_REUSE_PORT") == "1"
+    # With several processes on one port (hookline receiver --processes N: ``reuse_port``) the kernel
+    # spreads connections over them (SO_REUSEPORT); a lone process keeps the port to itself.
     await GuardedSite(runner, connections, host, port, reuse_port=reuse_port, backlog=1024).start()
     return runner
 

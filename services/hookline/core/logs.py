@@ -1,6 +1,6 @@
 """Logging set-up: JSON lines for services, readable lines for people.
 
-The format is HOOKLINE_LOG_FORMAT (json or text) when set. Otherwise a person is assumed to
+The format is HOOKLINE_LOG_FORMAT (json or text) when set (read in core/settings.py). Otherwise a person is assumed to
 read the logs of `hookline dev` and of any command whose stderr is a terminal, and gets text;
 everything else (a service under Kubernetes, systemd, a pipe) gets one JSON object per line.
 """
@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hookline.core.settings import LogSettings
 
 # Attributes every LogRecord has; anything else was passed with ``extra=`` and is logged as a field.
 _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
@@ -57,23 +60,11 @@ def _text_value(value: object) -> str:
     return json.dumps(text) if not text or any(c.isspace() or c in "\"=" for c in text) else text
 
 
-def choose_format(*, for_people: bool = False) -> str:
-    """json or text: HOOKLINE_LOG_FORMAT when set; else text for people (``for_people``, or
-    stderr is a terminal), json for services."""
-    fmt = os.environ.get("HOOKLINE_LOG_FORMAT", "").strip().lower()
-    if fmt and fmt not in ("json", "text"):
-        raise SystemExit(f"HOOKLINE_LOG_FORMAT must be json or text, not {fmt!r}")
-    if fmt:
-        return fmt
-    return "text" if for_people or sys.stderr.isatty() else "json"
-
-
-def setup(level: str | None = None, *, for_people: bool = False) -> None:
-    fmt = choose_format(for_people=for_people)
+def setup(settings: LogSettings) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.setFormatter(JsonFormatter() if settings.format == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel((level or os.environ.get("HOOKLINE_LOG_LEVEL", "INFO")).upper())
+    root.setLevel(settings.level)
     # aiohttp's access log is one line per request; metrics cover that.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

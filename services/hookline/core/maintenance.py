@@ -10,7 +10,8 @@ housekeeping of every team). The leader renews its lease every ``election_interv
 dedicated connection (``core/dedicated.py``) and steps down as soon as a renewal fails, a whole
 interval before the lease (three intervals) runs out; a leader that dies is replaced once its
 lease has run out, one that stops hands the lease over at once. Jobs flagged ``per_process``
-(this process's own gauges) run everywhere.
+(this process's own gauges) run everywhere. Components contribute jobs by scope; the Host
+(core/host.py) runs one Maintainer per scope.
 
 ``sweep_once`` is the rescuer's one pass. The operator runs the same rescuer in its own ``inbox``
 maintainer (operator/hookline_operator/handlers.py), so operators and ``worker --sweep`` elect one.
@@ -212,20 +213,15 @@ def partition_manager(pool: asyncpg.Pool, retention: partitions.Retention,
     return Job("partition-manager", manage, interval)
 
 
-def inbox_maintainer(pool: asyncpg.Pool, registry: ProviderRegistry, connection: DedicatedConnection, *,
-                     sweep: bool) -> Maintainer:
-    """A worker's housekeeping: its gauges, and (``sweep``) the inbox's lease rescuer on the leader."""
-    jobs = [inbox_stats_refresher(pool, registry)]
+def inbox_jobs(pool: asyncpg.Pool, registry: ProviderRegistry, retention: partitions.Retention, *,
+               sweep: bool) -> list[tuple[str, Job]]:
+    """A worker's housekeeping by scope: its gauges; with ``sweep`` the inbox's lease rescuer and the
+    partition manager on their leaders. The partition manager is elected in a scope of its own: the
+    processes that may rescue leases (``worker --sweep``, the operator) and those that may manage
+    partitions (``worker --sweep``, relays) differ, and one scope for both let a relay win the lease
+    and leave leases unrescued."""
+    jobs = [("inbox", inbox_stats_refresher(pool, registry))]
     if sweep:
-        jobs.append(lease_rescuer(pool, lambda: {n: p.retry for n, p in registry.all().items()}))
-    return Maintainer("inbox", jobs, connection)
-
-
-def partitions_maintainer(pool: asyncpg.Pool, connection: DedicatedConnection,
-                          retention: partitions.Retention | None = None) -> Maintainer:
-    """The inbox's partition manager, elected in a scope of its own: the processes that may rescue
-    leases (``worker --sweep``, the operator) and those that may manage partitions (``worker
-    --sweep``, relays) differ, and one scope for both let a relay win the lock and leave leases
-    unrescued."""
-    return Maintainer("partitions", [partition_manager(pool, retention or partitions.Retention.from_env())],
-                      connection)
+        jobs += [("inbox", lease_rescuer(pool, lambda: {n: p.retry for n, p in registry.all().items()})),
+                 ("partitions", partition_manager(pool, retention))]
+    return jobs

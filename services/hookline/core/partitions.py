@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 import re
 from dataclasses import dataclass, field
 
@@ -49,7 +48,7 @@ LOCK_WAIT = datetime.timedelta(seconds=1)  # longest a drop waits for its lock b
 @dataclass(frozen=True, slots=True)
 class Retention:
     """Default retention, for providers whose spec has no ``retention`` (chart: retention.*) and
-    endpoints created without one (chart: retention.endpoints.*)."""
+    endpoints created without one (chart: retention.endpoints.*); read by core/settings.py retention_from_env."""
 
     done_hours: float = 72.0
     dead_days: float = 14.0
@@ -66,23 +65,6 @@ class Retention:
         if self.max_done_hours < self.done_hours or self.max_dead_days < self.dead_days:
             raise ConfigError("the maximum retention (HOOKLINE_RETENTION_MAX_DONE_HOURS, _MAX_DEAD_DAYS) must be at "
                              "least the default one (HOOKLINE_RETENTION_DONE_HOURS, _DEAD_DAYS)")
-
-    @classmethod
-    def from_env(cls) -> Retention:
-        """HOOKLINE_RETENTION_DONE_HOURS, _DEAD_DAYS, _DEDUP_DAYS, _MAX_DONE_HOURS, _MAX_DEAD_DAYS and
-        HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS, _DEAD_DAYS (the chart's retention values)."""
-        default = cls()
-        done_hours = _positive("HOOKLINE_RETENTION_DONE_HOURS", default.done_hours)
-        dead_days = _positive("HOOKLINE_RETENTION_DEAD_DAYS", default.dead_days)
-        # Unset maxima never fall below the defaults an install chose.
-        return cls(done_hours=done_hours, dead_days=dead_days,
-                   max_done_hours=_positive("HOOKLINE_RETENTION_MAX_DONE_HOURS",
-                                            max(default.max_done_hours, done_hours)),
-                   max_dead_days=_positive("HOOKLINE_RETENTION_MAX_DEAD_DAYS", max(default.max_dead_days, dead_days)),
-                   dedup_days=_positive("HOOKLINE_RETENTION_DEDUP_DAYS", default.dedup_days),
-                   endpoint_done_hours=_positive("HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS",
-                                                 default.endpoint_done_hours),
-                   endpoint_dead_days=_positive("HOOKLINE_ENDPOINT_RETENTION_DEAD_DAYS", default.endpoint_dead_days))
 
     @property
     def done(self) -> datetime.timedelta:
@@ -111,19 +93,6 @@ class Retention:
     @property
     def endpoint_dead(self) -> datetime.timedelta:
         return datetime.timedelta(days=self.endpoint_dead_days)
-
-
-def _positive(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number of hours or days, not {raw!r}") from None
-    if not value > 0:
-        raise ConfigError(f"{name} must be greater than 0, not {raw!r}")
-    return value
 
 
 @dataclass

@@ -7,7 +7,6 @@ from __future__ import annotations
 # below: the one LISTEN connection, and one per maintenance scope it takes part in the election of
 # (core/maintenance.py: a worker "inbox", and "partitions" with --sweep; a relay "outbox" and "partitions").
 LISTEN, LEADER_LOCK = 1, 1
-RELAY_LOCKS = 2
 # Connections beyond the receiver's batch writers: the provider registry's LISTEN and /readyz.
 RECEIVER_EXTRA = 2
 # The relay's pool: its claim/complete loops and maintenance need few more than 16 however many
@@ -23,7 +22,7 @@ OPERATOR = 5  # its pool and, outside it, the maintenance leader's lock
 
 def pool_size(total: int, *, locks: int = 0) -> int:
     """The pool's share of a process's ``total``: what its LISTEN and its ``locks`` leader-lock
-    connections leave. Every service started by the CLI sizes its pool here."""
+    connections leave. Every Host (core/host.py) sizes its pool here."""
     return total - LISTEN - locks * LEADER_LOCK
 
 

@@ -23,7 +23,6 @@ import asyncpg
 
 from hookline.core import db
 from hookline.core import secrets_at_rest as sealing
-from hookline.core.dedicated import DedicatedConnection
 from hookline.core.listener import Listener, Subscription
 from hookline.core.provider_spec import DEFAULT_MAX_BODY as DEFAULT_MAX_BODY
 from hookline.core.provider_spec import HANDLER_RE as HANDLER_RE
@@ -254,7 +253,7 @@ class ProviderRegistry:
     at most 1 / ``debounce`` cheap queries a second. The payload is never read; the
     trigger's own carries the provider name only (migration 0001)."""
 
-    def __init__(self, pool: asyncpg.Pool, refresh: float = 30.0, listener: Listener | None = None, *,
+    def __init__(self, pool: asyncpg.Pool, refresh: float = 30.0, *, listener: Listener,
                  signing_secrets: bool = True, debounce: float = 0.25,
                  destination_secret_file: Path | None = None) -> None:
         self._pool = pool
@@ -269,9 +268,8 @@ class ProviderRegistry:
         self.reloads = 0  # full re-reads, for tests and curious operators
         self._task: asyncio.Task[None] | None = None
         self.loaded = asyncio.Event()
-        # Without a shared listener the registry runs one of its own.
-        self._own_listener = listener is None
-        self._listener = listener or Listener(DedicatedConnection(pool))
+        # The process's shared LISTEN connection, started and stopped by its owner (core/host.py).
+        self._listener = listener
         self._subscription: Subscription | None = None
 
     def get(self, name: str) -> Provider | None:
@@ -295,8 +293,6 @@ class ProviderRegistry:
     async def start(self) -> None:
         self._subscription = await self._listener.subscribe(
             ("hookline_providers",), lambda _channel, _payload: self._changed.set(), self._resynced)
-        if self._own_listener:
-            await self._listener.start()
         await self.reload()
         self._task = asyncio.create_task(self._run(), name="provider-registry")
 
@@ -304,8 +300,6 @@ class ProviderRegistry:
         await cancel_and_wait(self._task)
         if self._subscription is not None:
             self._listener.unsubscribe(self._subscription)
-        if self._own_listener:
-            await self._listener.stop()
 
     async def _run(self) -> None:
         while True:

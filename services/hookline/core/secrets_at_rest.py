@@ -31,8 +31,9 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from hookline.core.config import ConfigError
+from hookline.core.settings import KEYS_FILE, keys_file
 
-KEYS_FILE_ENV = "HOOKLINE_SECRET_KEYS_FILE"
+KEYS_FILE_ENV = KEYS_FILE
 PREFIX = "hl1"
 KEY_BYTES = 32
 _NONCE_BYTES = 12
@@ -241,9 +242,10 @@ _cache: dict[str, tuple[tuple[float, int], KeyRing]] = {}
 def configured_ring() -> KeyRing | None:
     """The ring of ``HOOKLINE_SECRET_KEYS_FILE``, re-read when the file changes (a mounted Secret
     updated for a rotation is picked up without a restart); None when the variable is unset."""
-    path = os.environ.get(KEYS_FILE_ENV, "").strip()
-    if not path:
+    configured = keys_file()
+    if configured is None:
         return None
+    path = str(configured)
     try:
         stat = Path(path).stat()
     except OSError as exc:

@@ -14,9 +14,11 @@ import subprocess
 import sys
 import time
 
+from hookline.core.settings import REUSE_PORT
+
 
 def run_children(argv: list[str], count: int) -> int:
-    env = {**os.environ, "HOOKLINE_REUSE_PORT": "1"}
+    env = {**os.environ, REUSE_PORT: "1"}  # read by each child's settings (core/settings.py)
     children = [subprocess.Popen([sys.executable, "-m", "hookline", *argv], env=env) for _ in range(count)]
 
     def forward(signum: int, _frame: object) -> None:

@@ -30,20 +30,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
-from aiohttp import web
 
 from hookline import outbox
-from hookline.core import delivery, http, metrics, partitions, tracing
+from hookline.core import delivery, metrics, pools, tracing
 from hookline.core.batching import Batcher
 from hookline.core.consumer import LeasedConsumer, write_completion
-from hookline.core.dedicated import DedicatedConnection
 from hookline.core.delivery import DeliveryResult, Outcome
 from hookline.core.gc_tuning import tune_gc_for_serving
+from hookline.core.host import Connections, Wiring
 from hookline.core.http_client import WebhookClient
 from hookline.core.listener import Listener
-from hookline.core.maintenance import Job, Maintainer, lease_rescuer, partitions_maintainer
+from hookline.core.maintenance import Job, lease_rescuer, partition_manager
+from hookline.core.partitions import Retention
 from hookline.core.queue import OUTBOX, SweepResult, make_worker_id, truncate_error
 from hookline.core.secrets_at_rest import SealedValueError, SecretKeyError
+from hookline.core.settings import RelaySettings, Settings
 from hookline.core.signatures import sign_standard_webhooks
 from hookline.relay import breaker
 from hookline.relay import endpoints as endpoints_mod
@@ -203,48 +204,53 @@ class Bookkeeper:
 
 
 class Relay(LeasedConsumer):
-    """The relay service; ``start``/``stop`` like the receiver, optionally serving ops routes on ``port``."""
+    """The relay, a component of a Host (core/host.py): ``hookline relay`` and ``hookline dev``."""
 
-    def __init__(self, pool: asyncpg.Pool, *, concurrency: int = 64, allow_private_networks: bool = False,
-                 host: str = "0.0.0.0", port: int | None = None, poll_interval: float = 1.0,
-                 lease_seconds: float = 60.0, grace_period: float = 25.0, retention_hours: float | None = None,
-                 breaker: BreakerSettings | None = None, sweep_interval: float = 5.0,
-                 stats_interval: float = 5.0, worker_id: str | None = None,
-                 listener: Listener | None = None, leader_connection: DedicatedConnection | None = None,
-                 partitions_connection: DedicatedConnection | None = None) -> None:
+    def __init__(self, pool: asyncpg.Pool, listener: Listener, settings: RelaySettings | None = None, *,
+                 retention: Retention | None = None, worker_id: str | None = None) -> None:
+        settings = settings or RelaySettings()
+        concurrency = settings.concurrency
         super().__init__(pool, OUTBOX, worker_id=worker_id or make_worker_id("relay"),
                          channels=(OUTBOX.channel, "hookline_endpoints"),
-                         concurrency=concurrency, poll_interval=poll_interval, grace_period=grace_period,
-                         refill=min(concurrency // 4, 16), completion_overlap=concurrency, listener=listener)
-        self.allow_private_networks = allow_private_networks
-        self.host, self.port = host, port
-        self.lease_seconds = lease_seconds
-        self.breaker_settings = breaker or BreakerSettings()
+                         concurrency=concurrency, poll_interval=settings.poll_interval,
+                         grace_period=settings.grace_period, refill=min(concurrency // 4, 16),
+                         completion_overlap=concurrency, listener=listener)
+        self.settings, self.retention = settings, retention or Retention()
+        self.allow_private_networks = settings.allow_private_networks
+        self.lease_seconds = settings.lease_seconds
+        self.breaker_settings = settings.breaker
         self.bookkeeper = Bookkeeper(pool, self.worker_id, self.breaker_settings, self._circuits_changed,
                                      in_flight=lambda: len(self.in_flight) + len(self.completing))
-        # Rescuing leases runs on the relays' elected leader; each relay its own gauges and held counts.
-        self.maintainer = Maintainer("outbox", [
-            lease_rescuer(pool, lambda: {e.name: e.retry for e in self._endpoints.values()}, OUTBOX,
-                          sweep_interval, swept=self._swept),
-            Job("outbox-stats", self.refresh_stats, stats_interval, per_process=True),
-            Job("circuit-counts", self.bookkeeper.count_held, SUCCESS_COUNT_INTERVAL, per_process=True),
-        ], leader_connection or DedicatedConnection(pool))
-        # The partition manager (core/partitions.py: partitions ahead, retention of the inbox and of
-        # the outbox) runs here too: relays hold the full credential in every install (the chart's
-        # worker pods log in as tenants), and the "partitions" scope's lock lets one process of the
-        # whole install do it, relay or `worker --sweep`. retention_hours: the endpoints' default.
-        retention = partitions.Retention.from_env()
-        if retention_hours is not None:
-            retention = dataclasses.replace(retention, endpoint_done_hours=retention_hours)
-        self.inbox_maintainer = partitions_maintainer(pool, partitions_connection or DedicatedConnection(pool),
-                                                      retention)
-        self.client = WebhookClient(allow_private_networks=allow_private_networks, connections=concurrency)
+        self.client = WebhookClient(allow_private_networks=self.allow_private_networks, connections=concurrency)
         self._endpoints: dict[str, Endpoint] = {}
         self._endpoints_loaded = 0.0
         self._rotation = 0
         self._probes: dict[str, int] = {}  # endpoint -> the delivery this relay sends as its probe
         self._probe_looked: dict[str, float] = {}  # endpoint -> when a probe was last asked for in vain
-        self._runner: web.AppRunner | None = None
+
+    @classmethod
+    def connections(cls, settings: Settings) -> Connections:
+        # The pool, the LISTEN connection and the outbox's and partitions' leader leases: pools.relay in all.
+        return Connections(pools.relay(settings.relay.concurrency), scopes=("outbox", "partitions"), min_pool=1,
+                           generic_plans=True)
+
+    @classmethod
+    def create(cls, wiring: Wiring) -> Relay:
+        return cls(wiring.pool, wiring.listener, wiring.settings.relay, retention=wiring.settings.retention)
+
+    def jobs(self) -> Sequence[tuple[str, Job]]:
+        """Rescuing leases runs on the relays' elected leader; each relay its own gauges and held counts.
+        The partition manager (core/partitions.py: partitions ahead, retention of the inbox and of the
+        outbox) runs here too: relays hold the full credential in every install (the chart's worker pods
+        log in as tenants), and the "partitions" scope's lease lets one process of the whole install do
+        it, relay or `worker --sweep`."""
+        return [
+            ("outbox", lease_rescuer(self.pool, lambda: {e.name: e.retry for e in self._endpoints.values()}, OUTBOX,
+                                     self.settings.sweep_interval, swept=self._swept)),
+            ("outbox", Job("outbox-stats", self.refresh_stats, self.settings.stats_interval, per_process=True)),
+            ("outbox", Job("circuit-counts", self.bookkeeper.count_held, SUCCESS_COUNT_INTERVAL, per_process=True)),
+            ("partitions", partition_manager(self.pool, self.retention)),
+        ]
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -252,10 +258,6 @@ class Relay(LeasedConsumer):
         await self._refresh_endpoints()
         self.bookkeeper.start()
         await self.start_loops()
-        await self.maintainer.start()
-        await self.inbox_maintainer.start()
-        if self.port is not None:
-            self._runner = await http.serve(http.ops_app(self.pool), self.host, self.port)
         tune_gc_for_serving()
         log.info("relay started", extra={"worker": self.worker_id, "concurrency": self.concurrency,
                                          "allow_private_networks": self.allow_private_networks})
@@ -264,12 +266,8 @@ class Relay(LeasedConsumer):
         """Stop claiming, let in-flight deliveries finish within the grace period, give back the rest
         (a request that may or may not have reached its endpoint is sent again: the safe side)."""
         await self.stop_loops()
-        await self.maintainer.stop()
-        await self.inbox_maintainer.stop()
         await self.bookkeeper.stop()
         await self.client.close()
-        if self._runner:
-            await self._runner.cleanup()
         log.info("relay stopped", extra={"worker": self.worker_id})
 
     def shortest_lease(self) -> float:

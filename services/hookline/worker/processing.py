@@ -50,8 +50,6 @@ import contextlib
 import importlib
 import inspect
 import logging
-import os
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -59,9 +57,8 @@ from enum import Enum
 
 import asyncpg
 
-from hookline.core import db, delivery, metrics, tracing
+from hookline.core import db, delivery, metrics, settings, tracing
 from hookline.core.batching import Batcher
-from hookline.core.config import ConfigError
 from hookline.core.consumer import write_completion
 from hookline.core.http_client import WebhookClient
 from hookline.core.providers import Provider, Transition
@@ -157,11 +154,7 @@ def savepoint_name(position: int) -> str:
 # (db.create_pool generic_plans). They name their tables as they would anywhere: on the search path
 # HOOKLINE_HANDLER_SEARCH_PATH (Postgres's default unless set), where the worker's own statements run
 # on a pinned one (db.PINNED_SEARCH_PATH).
-HANDLER_SEARCH_PATH = os.environ.get("HOOKLINE_HANDLER_SEARCH_PATH") or '"$user", public'
-if not re.fullmatch(r'\s*("[^";]+"|[A-Za-z_][A-Za-z0-9_$]*)(\s*,\s*("[^";]+"|[A-Za-z_][A-Za-z0-9_$]*))*\s*',
-                    HANDLER_SEARCH_PATH):
-    raise ConfigError(f"HOOKLINE_HANDLER_SEARCH_PATH must be a list of schema names, not {HANDLER_SEARCH_PATH!r}")
-HANDLER_SETTINGS = f"SET LOCAL plan_cache_mode = auto; SET LOCAL search_path = {HANDLER_SEARCH_PATH}"
+HANDLER_SETTINGS = f"SET LOCAL plan_cache_mode = auto; SET LOCAL search_path = {settings.handler_search_path()}"
 
 
 @contextlib.asynccontextmanager

@@ -15,19 +15,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import asyncpg
 
-from hookline.core import db, metrics
+from hookline.core import db, metrics, pools
 from hookline.core.batching import Batcher
 from hookline.core.consumer import HeldConnection, LeasedConsumer
 from hookline.core.gc_tuning import tune_gc_for_serving
+from hookline.core.host import Connections, RegistryUse, Wiring
 from hookline.core.http_client import WebhookClient
 from hookline.core.listener import Listener
+from hookline.core.maintenance import Job, inbox_jobs
+from hookline.core.partitions import Retention
 from hookline.core.providers import Provider, ProviderRegistry
 from hookline.core.queue import INBOX, make_worker_id
+from hookline.core.settings import Settings, WorkerSettings
 from hookline.worker.event import Event
 from hookline.worker.processing import Processor
 
@@ -80,13 +85,16 @@ class BatchCompleter:
 
 
 class Worker(LeasedConsumer):
-    def __init__(self, pool: asyncpg.Pool, registry: ProviderRegistry, *, providers: list[str] | None = None,
-                 concurrency: int = 16, poll_interval: float = 1.0, grace_period: float = 25.0,
-                 worker_id: str | None = None, listener: Listener | None = None,
-                 batch_seconds: float = 0.05) -> None:
+    """The worker, a component of a Host (core/host.py): ``hookline worker`` and ``hookline dev``."""
+
+    def __init__(self, pool: asyncpg.Pool, registry: ProviderRegistry, listener: Listener,
+                 settings: WorkerSettings | None = None, *, retention: Retention | None = None,
+                 worker_id: str | None = None) -> None:
+        settings = settings or WorkerSettings()
+        concurrency = settings.concurrency
         super().__init__(pool, INBOX, worker_id=worker_id or make_worker_id(),
                          channels=(INBOX.channel,), concurrency=concurrency,
-                         poll_interval=poll_interval, grace_period=grace_period, listener=listener,
+                         poll_interval=settings.poll_interval, grace_period=settings.grace_period, listener=listener,
                          # Under load, claim once a quarter of the slots is free rather than for every
                          # single one: claims of one event made the claims, and transactions of one
                          # event, the work (idle, every slot is free and the first event goes at once).
@@ -94,14 +102,41 @@ class Worker(LeasedConsumer):
                          # As many effects may wait for their batched completion as run at once.
                          completion_overlap=concurrency)
         self.registry = registry
-        self.only = providers or None
+        self.settings, self.retention = settings, retention or Retention()
+        self.only = list(settings.providers) if settings.providers else None
         self.completer = BatchCompleter(pool, self.worker_id, lambda: len(self.in_flight))
         self.session = WebhookClient(allow_private_networks=True, connections=concurrency)
         self.processor = Processor(pool, self.session, self.worker_id, self.completer.complete, self.effect_done,
-                                   concurrency=concurrency, batch_seconds=batch_seconds)
+                                   concurrency=concurrency, batch_seconds=settings.batch_seconds)
         self._rotation = 0
         # The claim loop's connection, kept while it claims back to back.
         self._claims = HeldConnection(pool)
+
+    @classmethod
+    def connections(cls, settings: Settings) -> Connections:
+        # Connections open as load asks for them (an idle worker holds a few), up to the size the operator's
+        # connection budget counts per worker pod: the pool, the shared LISTEN and the maintenance leader's
+        # lease. A sweeping worker also takes part in the partition manager's election: one more lease
+        # connection, on top of the budget (the operator starts no sweeping workers).
+        worker = settings.worker
+        return Connections(pools.worker(worker.concurrency) + (1 if worker.sweep else 0),
+                           scopes=("inbox", "partitions") if worker.sweep else ("inbox",), min_pool=2,
+                           generic_plans=True,
+                           registry=RegistryUse(signing_secrets=False,
+                                                destination_secret_file=worker.destination_secret_file))
+
+    @classmethod
+    def create(cls, wiring: Wiring) -> Worker:
+        assert wiring.registry is not None  # connections() asks for it
+        settings = wiring.settings.worker
+        unknown = [n for n in settings.providers or () if wiring.registry.get(n) is None]
+        if unknown:
+            # Not fatal: the provider may be applied later; the worker picks it up then.
+            print(f"hookline: warning: no provider named {', '.join(unknown)} yet; waiting for it", file=sys.stderr)
+        return cls(wiring.pool, wiring.registry, wiring.listener, settings, retention=wiring.settings.retention)
+
+    def jobs(self) -> Sequence[tuple[str, Job]]:
+        return inbox_jobs(self.pool, self.registry, self.retention, sweep=self.settings.sweep)
 
     def providers(self) -> list[Provider]:
         known = self.registry.all()

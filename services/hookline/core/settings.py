@@ -1,0 +1,323 @@
+"""Every setting of a Hookline service, read once: the command's arguments plus the environment.
+
+``Settings.for_command`` is the one place where the services read ``HOOKLINE_*`` variables (the
+names are part of the contract; each is documented in the ``--help`` of the commands that read it).
+A bad value raises ``ConfigError`` naming the flag or variable, which the CLI prints as one line
+(exit status 2). The settings are frozen: a component reads its own part (``settings.receiver``,
+``.worker``, ``.relay``) and the ``Host`` (core/host.py) the rest.
+
+Two are read at each use rather than once: ``HOOKLINE_SECRET_KEYS_FILE`` (``keys_file``, by
+core/secrets_at_rest.py: `hookline dev` names its own file after start-up) and
+``HOOKLINE_HANDLER_SEARCH_PATH`` (``handler_search_path``, when worker/processing.py is imported).
+The operator's variables are the operator's (operator/hookline_operator). This module imports
+nothing heavy: the parser (cli.py) reads its defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hookline.core.config import ConfigError
+
+if TYPE_CHECKING:  # imported where used: the parser (cli.py) reads this module's defaults, and fast
+    from hookline.core.partitions import Retention
+    from hookline.relay.breaker import BreakerSettings
+
+Environ = Mapping[str, str]
+
+DATABASE_URL = "HOOKLINE_DATABASE_URL"
+LOG_FORMAT, LOG_LEVEL = "HOOKLINE_LOG_FORMAT", "HOOKLINE_LOG_LEVEL"
+REUSE_PORT = "HOOKLINE_REUSE_PORT"  # set by `hookline receiver --processes N` for its children
+DESTINATION_SECRET_FILE = "HOOKLINE_DESTINATION_SECRET_FILE"
+HANDLER_SEARCH_PATH = "HOOKLINE_HANDLER_SEARCH_PATH"
+ALLOW_PRIVATE_NETWORKS = "HOOKLINE_ALLOW_PRIVATE_NETWORKS"
+KEYS_FILE = "HOOKLINE_SECRET_KEYS_FILE"
+# The receiver's limits (ReceiverSettings fields) and the variable each flag's default comes from.
+RECEIVER_LIMITS = {
+    "header_timeout": "HOOKLINE_HEADER_TIMEOUT",
+    "body_timeout": "HOOKLINE_BODY_TIMEOUT",
+    "keepalive_timeout": "HOOKLINE_KEEPALIVE_TIMEOUT",
+    "max_buffered_bodies": "HOOKLINE_MAX_BUFFERED_BODIES",
+    "max_buffered_bytes": "HOOKLINE_MAX_BUFFERED_BYTES",
+    "max_queued_events": "HOOKLINE_MAX_QUEUED_EVENTS",
+}
+# Postgres's own default search path, where handlers' statements run unless told otherwise.
+DEFAULT_HANDLER_SEARCH_PATH = '"$user", public'
+_SCHEMA_LIST = re.compile(r'\s*("[^";]+"|[A-Za-z_][A-Za-z0-9_$]*)(\s*,\s*("[^";]+"|[A-Za-z_][A-Za-z0-9_$]*))*\s*')
+
+
+# --- reading one variable -------------------------------------------------------------------------
+
+
+def database_url(environ: Environ = os.environ) -> str:
+    url = environ.get(DATABASE_URL, "").strip()
+    if not url:
+        raise ConfigError(
+            f"{DATABASE_URL} is not set: point it at Postgres, e.g. "
+            "postgresql://user:password@localhost:5432/hookline (or run `hookline dev`)"
+        )
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(f"{DATABASE_URL} must be a postgresql:// URL")
+    return url
+
+
+def env_flag(name: str, default: bool = False, environ: Environ = os.environ) -> bool:
+    value = environ.get(name)
+    if value is None or value == "":
+        return default
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be true or false, not {value!r}")
+
+
+def _positive(name: str, default: float, environ: Environ) -> float:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of hours or days, not {raw!r}") from None
+    if not value > 0:
+        raise ConfigError(f"{name} must be greater than 0, not {raw!r}")
+    return value
+
+
+def keys_file(environ: Environ = os.environ) -> Path | None:
+    """HOOKLINE_SECRET_KEYS_FILE, read at each use (core/secrets_at_rest.py): a key file rotated in
+    place, or named anew by `hookline dev`, is picked up without a restart."""
+    configured = environ.get(KEYS_FILE, "").strip()
+    return Path(configured) if configured else None
+
+
+def _limit(name: str, default: int | float, environ: Environ) -> int | float:
+    """A receiver limit from its variable (a flag given on the command line wins)."""
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    kind = type(default)
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be {'an integer' if kind is int else 'a number'}, not {raw!r}") from None
+    if not value > 0:
+        raise ConfigError(f"{name} must be greater than 0, not {raw!r}")
+    return value
+
+
+def retention_from_env(environ: Environ = os.environ) -> Retention:
+    """HOOKLINE_RETENTION_DONE_HOURS, _DEAD_DAYS, _DEDUP_DAYS, _MAX_DONE_HOURS, _MAX_DEAD_DAYS and
+    HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS, _DEAD_DAYS (the chart's retention values)."""
+    from hookline.core.partitions import Retention
+
+    default = Retention()
+    done_hours = _positive("HOOKLINE_RETENTION_DONE_HOURS", default.done_hours, environ)
+    dead_days = _positive("HOOKLINE_RETENTION_DEAD_DAYS", default.dead_days, environ)
+    # Unset maxima never fall below the defaults an install chose.
+    return Retention(
+        done_hours=done_hours, dead_days=dead_days,
+        max_done_hours=_positive("HOOKLINE_RETENTION_MAX_DONE_HOURS", max(default.max_done_hours, done_hours),
+                                 environ),
+        max_dead_days=_positive("HOOKLINE_RETENTION_MAX_DEAD_DAYS", max(default.max_dead_days, dead_days), environ),
+        dedup_days=_positive("HOOKLINE_RETENTION_DEDUP_DAYS", default.dedup_days, environ),
+        endpoint_done_hours=_positive("HOOKLINE_ENDPOINT_RETENTION_DONE_HOURS", default.endpoint_done_hours, environ),
+        endpoint_dead_days=_positive("HOOKLINE_ENDPOINT_RETENTION_DEAD_DAYS", default.endpoint_dead_days, environ))
+
+
+def handler_search_path(environ: Environ = os.environ) -> str:
+    """HOOKLINE_HANDLER_SEARCH_PATH: where a worker's handlers' statements run (Postgres's default
+    unless set); the worker's own statements keep the pinned one."""
+    value = environ.get(HANDLER_SEARCH_PATH) or DEFAULT_HANDLER_SEARCH_PATH
+    if not _SCHEMA_LIST.fullmatch(value):
+        raise ConfigError(f"{HANDLER_SEARCH_PATH} must be a list of schema names, not {value!r}")
+    return value
+
+
+# --- the settings ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    level: str = "INFO"
+    format: str = "json"  # or "text"
+
+    @classmethod
+    def read(cls, level: str | None, *, for_people: bool, terminal: bool, environ: Environ = os.environ
+             ) -> LogSettings:
+        """``level``: --log-level (else HOOKLINE_LOG_LEVEL, else INFO). The format is
+        HOOKLINE_LOG_FORMAT when set; else text for people (``for_people``, or stderr a ``terminal``)."""
+        fmt = environ.get(LOG_FORMAT, "").strip().lower()
+        if fmt and fmt not in ("json", "text"):
+            raise ConfigError(f"{LOG_FORMAT} must be json or text, not {fmt!r}")
+        chosen = (level or environ.get(LOG_LEVEL) or "INFO").strip().upper()
+        if chosen not in logging.getLevelNamesMapping():
+            source = "--log-level" if level else LOG_LEVEL
+            raise ConfigError(f"{source} must be DEBUG, INFO, WARNING or ERROR, not {chosen.lower()!r}")
+        return cls(chosen, fmt or ("text" if for_people or terminal else "json"))
+
+
+@dataclass(frozen=True)
+class OpsAddress:
+    """Where a worker or relay serves /healthz, /readyz and /metrics (the receiver: on its own port)."""
+
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class ReceiverSettings:
+    host: str = "0.0.0.0"
+    port: int = 8080
+    max_batch: int = 32
+    batch_window: float = 0.001  # seconds
+    db_connections: int = 4
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    keepalive_timeout: float = 75.0
+    max_buffered_bodies: int = 1024
+    max_buffered_bytes: int = 256 * 1024 * 1024
+    max_queued_events: int = 4096
+    reuse_port: bool = False  # HOOKLINE_REUSE_PORT=1: several processes share the port
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    providers: tuple[str, ...] | None = None  # None: every provider
+    concurrency: int = 16
+    sweep: bool = False  # also the inbox's lease rescuer and the partition manager, on their leaders
+    batch_seconds: float = 0.05
+    poll_interval: float = 1.0
+    grace_period: float = 25.0
+    destination_secret_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    concurrency: int = 64
+    allow_private_networks: bool = False
+    poll_interval: float = 1.0
+    lease_seconds: float = 60.0
+    grace_period: float = 25.0
+    breaker: BreakerSettings = field(default_factory=lambda: _breaker())
+    sweep_interval: float = 5.0  # seconds between the outbox's lease rescues
+    stats_interval: float = 5.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One process's settings. ``database_url`` is where everything connects, the pool and every
+    dedicated connection alike; ``ops``: the worker's or relay's ops address (None: none)."""
+
+    database_url: str
+    receiver: ReceiverSettings = field(default_factory=ReceiverSettings)
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    relay: RelaySettings = field(default_factory=RelaySettings)
+    retention: Retention = field(default_factory=lambda: _retention())
+    ops: OpsAddress | None = None
+
+    @classmethod
+    def for_command(cls, args: argparse.Namespace, environ: Environ = os.environ) -> Settings:
+        """The settings of ``hookline receiver|worker|relay|dev`` from its parsed ``args`` and the environment."""
+        # `hookline dev` reads no HOOKLINE_DATABASE_URL: its database is the embedded one, known once it runs.
+        url = "" if args.command == "dev" else database_url(environ)
+        if args.command == "receiver":
+            return cls(url, receiver=_receiver(args, environ))
+        # The retention variables are read where a partition manager may run: a relay, `worker --sweep`, dev.
+        if args.command == "worker":
+            return cls(url, worker=_worker(args, environ),
+                       retention=retention_from_env(environ) if args.sweep else _retention(),
+                       ops=OpsAddress(args.host, args.port))
+        retention = retention_from_env(environ)
+        if args.command == "relay":
+            relay, retention = _relay(args, environ, retention)
+            return cls(url, relay=relay, retention=retention, ops=OpsAddress(args.host, args.port))
+        if args.command == "dev":
+            # The whole stack on one pool, as `hookline dev` always ran it: its receiver with the
+            # default limits, a small worker that also sweeps, a relay for endpoints on this machine.
+            return cls(url, receiver=ReceiverSettings(host=args.host, port=args.port),
+                       worker=WorkerSettings(concurrency=8, sweep=True),
+                       relay=RelaySettings(concurrency=16, allow_private_networks=True), retention=retention)
+        raise ValueError(f"no service settings for `hookline {args.command}`")
+
+
+def _breaker() -> BreakerSettings:
+    from hookline.relay.breaker import BreakerSettings
+
+    return BreakerSettings()
+
+
+def _retention() -> Retention:
+    from hookline.core.partitions import Retention
+
+    return Retention()
+
+
+def _receiver(args: argparse.Namespace, environ: Environ) -> ReceiverSettings:
+    defaults = ReceiverSettings()
+    # Each limit: its flag when given (argparse checked it), else its variable, else the default.
+    limits: dict[str, Any] = {
+        name: getattr(args, name) if getattr(args, name) is not None else _limit(variable, getattr(defaults, name),
+                                                                                  environ)
+        for name, variable in RECEIVER_LIMITS.items()}
+    return dataclasses.replace(defaults, host=args.host, port=args.port, max_batch=args.max_batch,
+                               batch_window=args.batch_window_ms / 1000, db_connections=args.db_connections,
+                               reuse_port=environ.get(REUSE_PORT) == "1", **limits)
+
+
+def _worker(args: argparse.Namespace, environ: Environ) -> WorkerSettings:
+    if args.concurrency < 1:
+        raise ConfigError("--concurrency must be at least 1")
+    providers = tuple(args.providers) if args.providers else None
+    return WorkerSettings(providers=providers, concurrency=args.concurrency, sweep=args.sweep,
+                          batch_seconds=args.batch_seconds, poll_interval=args.poll_interval,
+                          grace_period=args.grace_period,
+                          destination_secret_file=_destination_secret_file(providers, environ))
+
+
+def _destination_secret_file(providers: tuple[str, ...] | None, environ: Environ) -> Path | None:
+    """HOOKLINE_DESTINATION_SECRET_FILE: the destination signing secret of the worker's one provider, as
+    the operator mounts it into a tenant's workers (they have no key to open the stored one)."""
+    configured = environ.get(DESTINATION_SECRET_FILE, "").strip()
+    if not configured:
+        return None
+    if len(providers or ()) != 1:
+        raise ConfigError(f"{DESTINATION_SECRET_FILE} is one provider's destination secret: "
+                          "run the worker with exactly one --provider")
+    return Path(configured)
+
+
+def _relay(args: argparse.Namespace, environ: Environ, retention: Retention) -> tuple[RelaySettings, Retention]:
+    from hookline.relay.breaker import BreakerSettings
+
+    if args.concurrency < 1:
+        raise ConfigError("--concurrency must be at least 1")
+    breaker = BreakerSettings(failure_rate=args.breaker_failure_rate, min_volume=args.breaker_min_volume,
+                              window_seconds=args.breaker_window, probe_interval=args.breaker_probe_interval,
+                              close_after=args.breaker_close_after)
+    if problems := breaker.problems():
+        raise ConfigError("; ".join(problems))
+    if args.retention_hours is not None:
+        if not args.retention_hours > 0:
+            raise ConfigError("--retention-hours must be greater than 0")
+        # The endpoints' default retention, for the partition manager this relay may lead.
+        retention = dataclasses.replace(retention, endpoint_done_hours=args.retention_hours)
+    allow_private = args.allow_private_networks or env_flag(ALLOW_PRIVATE_NETWORKS, environ=environ)
+    return RelaySettings(concurrency=args.concurrency, allow_private_networks=allow_private,
+                         poll_interval=args.poll_interval, lease_seconds=args.lease_seconds,
+                         grace_period=args.grace_period, breaker=breaker), retention
+
+
+def log_settings(args: argparse.Namespace, terminal: bool) -> LogSettings:
+    """The log settings of any ``hookline`` command: text for `hookline dev` and on a terminal."""
+    return LogSettings.read(getattr(args, "log_level", None), for_people=args.command == "dev", terminal=terminal)
+

@@ -1,0 +1,55 @@
+"""core/settings.py: each service's settings from its flags and the environment, read once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hookline.cli import build_parser
+from hookline.core.config import ConfigError
+from hookline.core.settings import Settings
+
+URL = "postgresql://hookline@db/hookline"
+
+
+def settings(*argv: str, **environ: str) -> Settings:
+    return Settings.for_command(build_parser().parse_args(list(argv)), {"HOOKLINE_DATABASE_URL": URL, **environ})
+
+
+def test_a_receiver_limit_is_its_flag_else_its_variable_else_the_default() -> None:
+    assert settings("receiver").receiver.header_timeout == 10.0
+    assert settings("receiver", HOOKLINE_HEADER_TIMEOUT="3.5").receiver.header_timeout == 3.5
+    assert settings("receiver", "--header-timeout", "2", HOOKLINE_HEADER_TIMEOUT="3.5").receiver.header_timeout == 2
+    assert settings("receiver", HOOKLINE_MAX_QUEUED_EVENTS="12").receiver.max_queued_events == 12
+    assert settings("receiver", HOOKLINE_REUSE_PORT="1").receiver.reuse_port
+
+
+def test_the_relay_reads_its_flags_and_variables() -> None:
+    relay = settings("relay", "--concurrency", "8", "--retention-hours", "5", HOOKLINE_ALLOW_PRIVATE_NETWORKS="true",
+                     HOOKLINE_ENDPOINT_RETENTION_DEAD_DAYS="3")
+    assert (relay.relay.concurrency, relay.relay.allow_private_networks) == (8, True)
+    assert (relay.retention.endpoint_done_hours, relay.retention.endpoint_dead_days) == (5, 3)
+    assert relay.ops is not None and (relay.ops.host, relay.ops.port) == ("0.0.0.0", 8082)
+    with pytest.raises(ConfigError, match="--breaker-failure-rate"):
+        settings("relay", "--breaker-failure-rate", "2")
+
+
+def test_retention_is_read_only_where_a_partition_manager_may_run() -> None:
+    """A worker that does not sweep runs no partition manager: a retention variable is none of its business."""
+    assert settings("worker", HOOKLINE_RETENTION_DONE_HOURS="soon").worker.concurrency == 16
+    with pytest.raises(ConfigError, match="HOOKLINE_RETENTION_DONE_HOURS"):
+        settings("worker", "--sweep", HOOKLINE_RETENTION_DONE_HOURS="soon")
+    assert settings("worker", "--sweep", HOOKLINE_RETENTION_DONE_HOURS="100").retention.done_hours == 100
+
+
+def test_the_worker_reads_its_destination_secret_file() -> None:
+    worker = settings("worker", "--provider", "a", HOOKLINE_DESTINATION_SECRET_FILE="/run/secret").worker
+    assert (worker.providers, worker.destination_secret_file) == (("a",), Path("/run/secret"))
+
+
+def test_dev_reads_no_database_url() -> None:
+    args = build_parser().parse_args(["dev"])
+    assert Settings.for_command(args, {}).database_url == ""
+    with pytest.raises(ConfigError, match="HOOKLINE_DATABASE_URL is not set"):
+        Settings.for_command(build_parser().parse_args(["worker"]), {})
