@@ -181,8 +181,15 @@ def _attempt_lines(attempts: list[dict[str, Any]]) -> list[str]:
     lines = [f"attempts:\n  {'#':>3}  {'AT':<26} {'OUTCOME':<8} {'WORKER':<32} {'HTTP':>4} {'MS':>7}  ERROR"]
     for a in attempts:
         latency = _milliseconds(a["latency_ms"])
+        first_line = (a["error"] or "").partition("\n")[0]
         lines.append(f"  {a['attempt']:>3}  {a['at']:<26} {a['outcome']:<8} {(a['worker'] or '-'):<32} "
-                     f"{a['http_status'] or '-':>4} {latency:>7}  {(a['error'] or '')[:120]}")
+                     f"{a['http_status'] or '-':>4} {latency:>7}  {first_line[:120]}")
+    # The newest traceback a failed handler left (the attempt log keeps it after the error's
+    # first line; earlier attempts' are in `-o json`).
+    traced = next((a for a in reversed(attempts) if "\n" in (a["error"] or "")), None)
+    if traced is not None:
+        lines.append(f"traceback of attempt {traced['attempt']}:")
+        lines += [f"  {line}" for line in traced["error"].partition("\n")[2].rstrip("\n").splitlines()]
     return lines
 
 
