@@ -113,10 +113,10 @@ def bounded(text: str, limit: int = ATTEMPT_LOG_BYTES) -> str:
     data = text.encode()
     if len(data) <= limit:
         return text
-    marker = f"\n... ({len(data) - limit} bytes cut) ...\n".encode()
     head = limit // 4
-    tail = limit - head - len(marker) - 16  # room for the cut byte count growing a digit
-    return (data[:head].decode(errors="ignore") + marker.decode() + data[-tail:].decode(errors="ignore"))
+    tail = limit - head - len("\n... (99999999 bytes cut) ...\n")  # room for the marker
+    marker = f"\n... ({len(data) - head - tail} bytes cut) ...\n"
+    return data[:head].decode(errors="ignore") + marker + data[-tail:].decode(errors="ignore")
 
 
 def handler_traceback(exc: Exception, secrets: Iterable[str]) -> str | None:

@@ -189,6 +189,10 @@ class HandlerImports:
         self._worker_id = worker_id
         self._unimportable: dict[str, _Unimportable] = {}  # by provider name
         self._imported: set[tuple[str, str]] = set()  # (provider, handler) loaded and reported fine
+        self._clearing: set[asyncio.Task[None]] = set()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*self._clearing)
 
     def waiting(self, provider: Provider) -> bool:
         """True while the provider's handler is known not to import and is not due for another try."""
@@ -217,10 +221,14 @@ class HandlerImports:
                           extra={"provider": provider.name, "handler": path, "error": error[:300]})
                 await self._report(provider.name, path, error)
             return error
-        self._imported.add((provider.name, path))  # before the await: its batch-mates take the fast path
+        self._imported.add((provider.name, path))
         if self._unimportable.pop(provider.name, None) is not None:
             log.info("handler imports again", extra={"provider": provider.name, "handler": path})
-        await self._report(provider.name, path, None)  # clears what this or an earlier worker reported
+        # Clear what this or an earlier worker reported, beside the event rather than before it: the
+        # first event of a provider is not held back a round trip behind its batch-mates.
+        clearing = asyncio.create_task(self._report(provider.name, path, None))
+        self._clearing.add(clearing)
+        clearing.add_done_callback(self._clearing.discard)
         return loaded
 
     async def _report(self, provider: str, handler: str, problem: str | None) -> None:
@@ -380,7 +388,10 @@ class TransactionBatches:
         if alone:
             return await self._run_alone(job)
         while True:
-            outcome = await self._batcher.submit(job)
+            try:
+                outcome = await self._batcher.submit(job)
+            except Exception as exc:  # the batch's own statements failed (its commit, its connection)
+                return await self._completer.fail(self._pool, job.event, job.provider, exc)
             if outcome is not None:
                 return outcome
 
@@ -595,7 +606,7 @@ class Processor:
     async def stop(self, timeout: float = 5.0) -> None:
         """Let running batches commit (their callers are gone or done); cut them off after ``timeout``."""
         batches, self._batches = list(self._batches.values()), {}
-        await asyncio.gather(*(b.stop(timeout) for b in batches))
+        await asyncio.gather(*(b.stop(timeout) for b in batches), self.imports.stop())
 
     def waiting(self, provider: Provider) -> bool:
         """True while nothing of ``provider``'s should be claimed: its handler does not import."""
