@@ -9,7 +9,7 @@ STAMP   = $(VENV)/.installed-$(HASH)
 RUN_STAMP = $(VENV)/.installed-run-$(HASH)
 ARGS   ?=
 
-.PHONY: run test lint typecheck pytest schema bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images clean help
+.PHONY: run test lint typecheck pytest schema docs bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -49,6 +49,9 @@ pytest: $(STAMP) envtest prometheus cluster images  ## the test suite (real Post
 
 schema: $(STAMP)  ## rewrite services/hookline/core/sql/schema.sql, the current schema as one file, from the migrations
 	PYTHONPATH=tests $(BIN)/python -m support.schema
+
+docs: $(STAMP)  ## rewrite docs/provider-spec.md from the CRD (crds/) and the signature schemes; tests/test_specdoc.py checks it
+	PYTHONPATH=tests $(BIN)/python -m support.specdoc
 
 envtest:  ## build etcd, kube-apiserver and kubectl once per machine (cached in ~/.cache/hookline/envtest)
 	@if command -v go >/dev/null 2>&1 || [ -n "$$KUBEBUILDER_ASSETS" ]; then \

@@ -26,7 +26,7 @@ from typing import Any
 import asyncpg
 
 # The peers' exact versions: a ratio to a peer means something only against a known release, and a new
-# release can change its defaults (batch sizes, polling). Bump deliberately, then re-run and update the README.
+# release can change its defaults (batch sizes, polling). Bump deliberately, then re-run and update docs/performance.md.
 PINS = {"pgqueuer": "1.6.0", "procrastinate": "3.10.0"}
 
 # Jobs are enqueued in chunks: one call per chunk keeps each statement's

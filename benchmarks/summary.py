@@ -2,7 +2,7 @@
 
 Each benchmark appends its figures to one results file (``--results``); this module runs them one
 after the other (never at the same time: they share the machine's cores) and prints the table,
-with the date and the machine, ready for the README's performance table.
+with the date and the machine, ready for docs/performance.md's table.
 """
 
 from __future__ import annotations

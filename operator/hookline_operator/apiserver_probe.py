@@ -12,7 +12,6 @@ import asyncio
 import logging
 from typing import Any
 
-import kopf
 from kubernetes import client
 
 from hookline.core import metrics
@@ -45,13 +44,11 @@ async def probe_forever(api: Any, interval: float) -> None:
         await asyncio.sleep(interval)
 
 
-@kopf.on.startup()
 async def start_probe(memo: OperatorMemo, **_: Any) -> None:
     load_config()
     api = client.ApiClient(client.Configuration.get_default_copy())
     memo.tasks.append(asyncio.create_task(probe_forever(api, memo.interval), name="apiserver-probe"))
 
 
-@kopf.on.cleanup()
 async def stop_probe(memo: OperatorMemo, **_: Any) -> None:
     await cancel_and_wait(*[t for t in memo.tasks if t.get_name() == "apiserver-probe"])

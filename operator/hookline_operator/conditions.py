@@ -1,9 +1,22 @@
-"""Status conditions in the metav1.Condition shape, with transition times kept when nothing changed."""
+"""``status.conditions``: the metav1.Condition shape, and the whole list composed from what was
+observed (pure functions).
+
+The reconcile handler and the sync timer compute the whole list from fresh observation (plus the
+scaling timer's last outcome from the memo), so whichever write lands last is right. The scaling
+timer sets only its Scaling entry, from that same outcome; a write of it that overtakes a newer
+Ready is repaired by the next sync tick (writes compare with what the resource shows).
+"""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hookline_operator.memo import ScalingOutcome
+    from hookline_operator.reconcile import Observation
+
+Conditions = list[dict[str, Any]]
 
 
 def now_iso() -> str:
@@ -28,3 +41,55 @@ def set_condition(conditions: list[dict[str, Any]], type: str, status: bool, rea
     if previous is None:
         return [*conditions, condition]
     return [condition if c.get("type") == type else c for c in conditions]
+
+
+
+def ready_reason(obs: Observation) -> tuple[bool, str, str]:
+    """Ready, with the most useful reason first: what the user has to fix."""
+    if obs.secret.reason == "ResourceConflict":
+        return False, "ResourceConflict", obs.secret.message
+    if obs.sync.reason == "NameConflict":
+        return False, "NameConflict", obs.sync.message
+    if obs.workers.reason == "ResourceConflict":
+        return False, "ResourceConflict", obs.workers.message
+    if not obs.secret.ready:
+        return False, "SecretNotReady", obs.secret.message
+    if not obs.sync.synced:
+        return False, obs.sync.reason, obs.sync.message
+    if not obs.workers.ok:
+        return False, obs.workers.reason, obs.workers.message
+    return True, "Reconciled", "provider is accepting and processing events"
+
+
+def compose(previous: Conditions, obs: Observation, scaling: ScalingOutcome | None, generation: int) -> Conditions:
+    conditions = set_condition(previous, "SecretReady", obs.secret.ready, obs.secret.reason, obs.secret.message,
+                               generation)
+    conditions = set_condition(conditions, "Synced", obs.sync.synced, obs.sync.reason, obs.sync.message, generation)
+    ready, reason, message = ready_reason(obs)
+    conditions = set_condition(conditions, "Ready", ready, reason, message, generation)
+    if scaling is not None:
+        conditions = set_condition(conditions, "Scaling", scaling.ok, scaling.reason, scaling.message, generation)
+    return conditions
+
+
+def database_unavailable(previous: Conditions, error: str, scaling: ScalingOutcome | None,
+                         generation: int) -> Conditions:
+    """Postgres cannot be reached: say so; the scaling timer leaves replicas as they are."""
+    conditions = set_condition(previous, "Synced", False, "DatabaseUnavailable", error, generation)
+    conditions = set_condition(conditions, "Ready", False, "DatabaseUnavailable", error, generation)
+    if scaling is not None:
+        conditions = set_condition(conditions, "Scaling", scaling.ok, scaling.reason, scaling.message, generation)
+    return conditions
+
+
+def new_conflicts(before: Conditions, after: Conditions) -> list[tuple[str, str]]:
+    """(reason, message) of conflicts that appeared with this write: each deserves one Warning Event,
+    not one per tick."""
+    ready_after = next((c for c in after if c.get("type") == "Ready"), None)
+    if ready_after is None or ready_after.get("reason") not in ("NameConflict", "ResourceConflict",
+                                                                "HandlerNotAllowed", "PlacementNotAllowed"):
+        return []
+    ready_before = next((c for c in before if c.get("type") == "Ready"), {})
+    if (ready_before.get("reason"), ready_before.get("message")) == (ready_after["reason"], ready_after["message"]):
+        return []
+    return [(str(ready_after["reason"]), str(ready_after["message"]))]

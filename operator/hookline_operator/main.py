@@ -23,16 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.namespaces and not args.all_namespaces:
-        raise SystemExit("hookline operator: say which namespaces to watch: --namespace NS (repeatable) "
-                         "or --all-namespaces")
-    # Handlers read their timer interval when they are registered (imported).
-    os.environ["HOOKLINE_OPERATOR_INTERVAL"] = str(args.interval)
+    """Run the operator (the CLI has checked that namespaces, or --all-namespaces, were given)."""
     import kopf
 
     from hookline.core import secrets_at_rest
     from hookline.core.config import database_url
-    from hookline_operator import apiserver_probe, handlers  # noqa: F401  (register the handlers)
+    from hookline_operator import handlers
     from hookline_operator.memo import OperatorMemo
 
     database_url()  # fail fast with a clear message when it is not set
@@ -41,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     check_settings()
     os.environ.setdefault("POD_ID", own_identity())
     asyncio.run(kopf.operator(
+        registry=handlers.register(args.interval),
         standalone=not args.peering,
         clusterwide=args.all_namespaces,
         namespaces=args.namespaces or (),

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any, NamedTuple
 
+import kopf
+
 
 class Resource(NamedTuple):
     """The WebhookProvider being handled: everything that identifies it."""
@@ -113,3 +115,9 @@ def secret_source(explicit_ref: bool, scheme: str, owner_uids: frozenset[str] | 
     if owns(owner_uids, uid):
         return SecretSource.MANAGED
     return SecretSource.USER if explicit_ref else SecretSource.CONFLICT
+
+
+def resource_of(body: kopf.Body) -> Resource:
+    meta = body.get("metadata") or {}
+    return Resource(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")),
+                    int(meta.get("generation") or 0))

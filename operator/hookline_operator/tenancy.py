@@ -38,14 +38,6 @@ class Outcome(NamedTuple):
     message: str
 
 
-class SecretView(Protocol):
-    @property
-    def data(self) -> dict[str, str]: ...
-
-    @property
-    def owner_uids(self) -> frozenset[str]: ...
-
-
 class SecretApi(Protocol):
     """The Kubernetes calls this module needs (hookline_operator.kube.Kube provides them)."""
 

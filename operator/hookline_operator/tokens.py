@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import kopf
 
 from hookline.core import db
 from hookline.core.queue import INBOX
@@ -22,8 +23,9 @@ from hookline.core.signatures import get_scheme
 from hookline_operator import resources
 from hookline_operator.conditions import now_iso
 from hookline_operator.kube import Kube
-from hookline_operator.ownership import Resource, owns
-from hookline_operator.reconcile import SecretState
+from hookline_operator.memo import OperatorMemo, resource_state
+from hookline_operator.ownership import Resource, owns, resource_of
+from hookline_operator.reconcile import SecretState, announce, observe_secret
 
 REPLAY_ANNOTATION = "hookline.io/replay-dlq"
 ROTATE_ANNOTATION = "hookline.io/rotate-secret"
@@ -112,3 +114,36 @@ async def rotate(kube: Kube, res: Resource, spec: dict[str, Any], token: str) ->
                             {key: get_scheme(scheme).generate_secret(), resources.PREVIOUS_KEY: json.dumps(previous)},
                             annotations={ROTATED_FOR: token})
     return f"rotated Secret {secret_name}; the previous secret stays valid for {overlap} s"
+
+
+# --- the annotation timer's two requests, acknowledged on the resource -----------------------------
+
+
+async def handle_replay(body: kopf.Body, token: str, memo: OperatorMemo) -> dict[str, Any]:
+    res = resource_of(body)
+    result, fresh = await replay(memo.db, res, token)
+    if fresh and result["owned"]:
+        announce(body, "DeadLettersReplayed", f"requeued {result['requeued']} dead event(s) for token {token}")
+    elif fresh:
+        announce(body, "ReplayRefused", f"token {token}: nothing requeued, this WebhookProvider does not own "
+                                        f"provider name {res.name}", warning=True)
+    return {"lastHandledToken": token, "requeued": result["requeued"], "at": result["at"]}
+
+
+async def handle_rotation(body: kopf.Body, spec: dict[str, Any], token: str, memo: OperatorMemo) -> dict[str, Any]:
+    res = resource_of(body)
+    claim = resource_state(memo).claim
+    secret = await observe_secret(memo.k8s, res, spec)
+    refusal = rotation_refusal(secret, claim is not None and claim.owned)
+
+    async def act(_conn: Any) -> dict[str, Any]:
+        if refusal:
+            return {"at": now_iso(), "result": "Refused", "message": refusal}
+        message = await rotate(memo.k8s, res, spec, token)
+        return {"at": now_iso(), "result": "Rotated", "message": message}
+
+    result, fresh = await handle_token(memo.db, res, "rotate-secret", token, act)
+    if fresh:
+        announce(body, "SecretRotated" if result["result"] == "Rotated" else "RotationRefused", result["message"],
+                 warning=result["result"] != "Rotated")
+    return {"lastHandledToken": token, **result}

@@ -15,7 +15,7 @@ import socket
 import pytest
 
 from hookline.core.inbox_stats import NO_EVENTS, ProviderStats
-from hookline_operator.conditions import set_condition
+from hookline_operator.conditions import compose, new_conflicts, ready_reason, set_condition
 from hookline_operator.kube import ObservedSecret
 from hookline_operator.main import own_identity
 from hookline_operator.memo import ScalingOutcome
@@ -32,7 +32,6 @@ from hookline_operator.ownership import (
 )
 from hookline_operator.reconcile import Observation, SyncState, WorkersState, describe_secret
 from hookline_operator.stats import INT64_MAX, status_fields
-from hookline_operator.status import compose, new_conflicts, ready_reason
 from hookline_operator.tokens import pending_token, rotation_refusal
 
 RES = Resource("team-a", "stripe", "uid-a", 3)

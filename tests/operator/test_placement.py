@@ -207,8 +207,8 @@ def test_running_workers_with_a_refused_request_are_not_ready_and_say_why(monkey
 def test_a_refused_placement_is_the_ready_reason_with_one_warning() -> None:
     from test_decisions import observation  # the same observed world as the other condition tests
 
+    from hookline_operator.conditions import compose, new_conflicts
     from hookline_operator.reconcile import SyncState
-    from hookline_operator.status import compose, new_conflicts
 
     refused = WorkersState(False, "PlacementNotAllowed", "spec.workers asks for ...")
     conditions = compose([], observation(SyncState(True, "Synced", "ok"), refused), None, 2)

@@ -18,12 +18,12 @@ import pytest
 from apiserver import ApiServer
 
 from hookline.core.inbox_stats import NO_EVENTS, ProviderStats
+from hookline_operator.conditions import compose
 from hookline_operator.kube import ObservedSecret
 from hookline_operator.memo import ScalingOutcome
 from hookline_operator.ownership import Claim, ClaimState, Resource
 from hookline_operator.reconcile import Observation, SyncState, WorkersState, describe_secret
 from hookline_operator.stats import INT64_MAX, status_fields
-from hookline_operator.status import compose
 from support.cluster import apply, get
 from support.inbox import insert_events
 from support.kube import eventually
