@@ -106,3 +106,25 @@ async def test_bounded_cuts_the_middle_and_says_so() -> None:
     assert len(head.encode()) + cut_bytes + len(tail.encode()) == len(text.encode())
     wide = "é" * 10_000  # cut between bytes of a character: still text
     assert len(bounded(wide).encode()) <= ATTEMPT_LOG_BYTES
+
+
+async def test_a_cancellation_the_handler_raises_itself_is_its_events_failure(
+        pool: asyncpg.Pool, database_url: str, log_dir: Path) -> None:
+    """The one cancellation rule (completer.caught), on every path: in a handler's transaction (alone
+    or batched) and outside one. The worker is not stopping, so each event fails, once, and the
+    worker goes on."""
+    await create_effect_tables(pool)
+    once = "\nretry: {maxAttempts: 1}"
+    apply_provider(database_url, "cancel-tx", 'signature: {scheme: none}\n'
+                   'handler: "support.handlers:cancelled_by_itself"' + once)
+    apply_provider(database_url, "cancel-out", 'signature: {scheme: none}\n'
+                   'handler: "support.handlers:cancelled_by_itself_outside"' + once)
+    await insert_events(pool, "cancel-tx", 5)
+    await insert_events(pool, "cancel-out", 2)
+    proc = worker(database_url, log_dir)
+    try:
+        await wait_for(pool, "SELECT count(*) FROM hookline.inbox WHERE status = 'dead' "
+                             "AND last_error = 'gave up after 1 attempts: RuntimeError: CancelledError()'", 7)
+        assert proc.proc is not None and proc.proc.poll() is None
+    finally:
+        assert proc.stop() == 0

@@ -95,3 +95,13 @@ def _down(depth: int, event_id: str) -> None:
 
 def _further_down(depth: int, event_id: str) -> None:
     _down(depth, event_id)
+
+
+async def cancelled_by_itself(event: Any, conn: asyncpg.Connection) -> None:
+    """A handler whose own work was cancelled (a task it awaited, say): a failure of its event."""
+    await _record_call(event)
+    raise asyncio.CancelledError()
+
+
+async def cancelled_by_itself_outside(event: Any) -> None:
+    raise asyncio.CancelledError()
