@@ -39,7 +39,7 @@ async def test_status_counts_each_state_and_the_recent_attempts(pool: asyncpg.Po
     assert found["providers"] == [{
         "name": "stripe", "due": 1, "retrying": 1, "deferred": 0, "processing": 0, "dead": 1,
         "oldest_due_seconds": found["providers"][0]["oldest_due_seconds"],
-        "accepted_recently": 4, "failed_recently": 2}]
+        "accepted_recently": 4, "failed_recently": 2, "handler_problem": None}]
     assert found["problems"] == ["provider stripe: 1 dead events"]
     assert found["healthy"] is False
 

@@ -39,9 +39,9 @@ from support.waiting import eventually
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 # What a worker role may call: the lookups row-level security policies make (every role's, as the
-# policies run them for whoever reads), and the attempt log (tenants only).
+# policies run them for whoever reads), the attempt log and its handlers' import problems (tenants only).
 POLICY_FUNCTIONS = {"hookline.tenant_namespace()", "hookline.tenant_providers()"}
-TENANT_FUNCTIONS = {"tenant_namespace", "tenant_providers", "log_attempts"}
+TENANT_FUNCTIONS = {"tenant_namespace", "tenant_providers", "log_attempts", "report_handler_problem"}
 # Inbox columns a worker writes (queue.sql); everything else was received and stays as it was.
 WORKER_COLUMNS = {"status", "attempts", "next_attempt_at", "lease_expires_at", "locked_by", "last_error",
                   "processed_at", "deferred_since", "suspect", "claimed_at"}
@@ -89,6 +89,8 @@ class Install:
                                             "FROM hookline.providers WHERE name = 'pay-b'")),
             "role": await o.fetchval("SELECT count(*) FROM hookline.tenants WHERE role_name = $1", self.victim_role),
             "archived": await o.fetchval("SELECT count(*) FROM hookline.inbox WHERE provider LIKE 'pay-b@%'"),
+            "handler problems": [tuple(r) for r in await o.fetch(
+                "SELECT handler, problem, worker, since FROM hookline.handler_problems WHERE provider = 'pay-b'")],
         }
 
 
@@ -185,6 +187,7 @@ async def test_no_function_is_public_and_every_one_binds_its_names(install: Inst
 async def test_a_tenant_can_call_only_its_own_lookups(install: Install) -> None:
     """Row 1: archive_provider_events('pay-b', ...) erased team B's inbox and dedup keys. Every
     function is called with another team's names (or NULLs where a name makes no sense)."""
+    await install.owner.execute("SELECT hookline.report_handler_problem('pay-b', 'b.hooks:on', 'real', 'wb')")
     before = await install.victim_state()
     attacker = await install.attacker()
     try:
@@ -207,6 +210,18 @@ async def test_a_tenant_can_call_only_its_own_lookups(install: Install) -> None:
         assert await attacker.fetchval(
             "SELECT hookline.log_attempts('inbox', ARRAY[$1::bigint], '{pay-b}', '{1}', '{w}', '{dead}', '{forged}', "
             "'{NULL}', '{NULL}')", victim_event) == 0
+        # A worker reports its own handler's import problem (hookline status reads it), not another team's,
+        # and clears only its own: the victim's report stays.
+        report = "SELECT hookline.report_handler_problem($1, 'x:y', $2, 'forger')"
+        assert await attacker.fetchval(report, "pay-b", "ModuleNotFoundError: forged") is False
+        assert await attacker.fetchval(report, "pay-b", None) is False
+        assert await attacker.fetchval(report, "pay-a", "ModuleNotFoundError: No module named 'x'") is True
+        assert await install.owner.fetchval("SELECT problem FROM hookline.handler_problems WHERE provider = 'pay-a'") \
+            == "ModuleNotFoundError: No module named 'x'"
+        for statement in ("DELETE FROM hookline.handler_problems",
+                          "INSERT INTO hookline.handler_problems VALUES ('pay-b', 'x:y', 'forged', 'w')"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await attacker.execute(statement)
     finally:
         await attacker.close()
     assert await install.victim_state() == before

@@ -78,3 +78,30 @@ async def publish_shipped(event: Any, conn: asyncpg.Connection) -> None:
                        event.provider, event.event_id, event.event_type)
     await hookline.outbox.publish(conn, "order.shipped", {"order": order["id"], "source_event": event.event_id},
                                   aggregate_type="order", aggregate_id=order["id"])
+
+
+async def fail_deep_down(event: Any, conn: asyncpg.Connection) -> None:
+    """Fails 150 calls deep: a traceback far over the attempt log's 8 KB."""
+    await _record_call(event)
+    _down(150, event.event_id)
+
+
+# Two functions calling each other: Python folds a run of identical frames into one line.
+def _down(depth: int, event_id: str) -> None:
+    if depth == 0:
+        raise ValueError(f"nothing at the bottom for {event_id}")
+    _further_down(depth - 1, event_id)
+
+
+def _further_down(depth: int, event_id: str) -> None:
+    _down(depth, event_id)
+
+
+async def cancelled_by_itself(event: Any, conn: asyncpg.Connection) -> None:
+    """A handler whose own work was cancelled (a task it awaited, say): a failure of its event."""
+    await _record_call(event)
+    raise asyncio.CancelledError()
+
+
+async def cancelled_by_itself_outside(event: Any) -> None:
+    raise asyncio.CancelledError()

@@ -203,12 +203,18 @@ def _attempt_lines(attempts: list[dict[str, Any]]) -> list[str]:
     if not attempts:
         return ["attempts: none logged"]
     rows = [(str(a["attempt"]), a["at"], a["outcome"], a["worker"] or "-", str(a["http_status"] or "-"),
-             _milliseconds(a["latency_ms"]), (a["error"] or "")[:120]) for a in attempts]
+             _milliseconds(a["latency_ms"]), (a["error"] or "").partition("\n")[0][:120]) for a in attempts]
     header, *lines = _table(("#", "AT", "OUTCOME", "WORKER", "HTTP", "MS", "ERROR"), rows, right={0, 4, 5},
                             indent="  ", min_widths={0: 3})
     # A replay starts the count again: say so where it does, or "1" after "3" reads as a mistake.
     for at in reversed([i for i in range(1, len(attempts)) if attempts[i]["attempt"] <= attempts[i - 1]["attempt"]]):
         lines.insert(at, "  -- replayed: attempts count from 1 again --")
+    # The newest traceback a failed handler left (the attempt log keeps it after the error's
+    # first line; earlier attempts' are in `-o json`).
+    traced = next((a for a in reversed(attempts) if "\n" in (a["error"] or "")), None)
+    if traced is not None:
+        lines.append(f"traceback of attempt {traced['attempt']}:")
+        lines += [f"  {line}" for line in traced["error"].partition("\n")[2].rstrip("\n").splitlines()]
     return ["attempts:", header, *lines]
 
 

@@ -58,7 +58,8 @@ http_connections_timed_out = Counter(
 worker_events = Counter(
     "hookline_worker_events_total",
     "Inbox events processed by workers, by provider and result (done, retry, deferred, dead, lost, unknown: "
-    "the effect happened but its completion could not be written).",
+    "the effect happened but its completion could not be written; put_back: its handler could not be imported, "
+    "the attempt not counted).",
     ["provider", "result"],
 )
 handler_duration = Histogram(

@@ -156,14 +156,15 @@ class Queue:
         return set(ids or ())
 
     async def retry(self, conn: asyncpg.Connection | asyncpg.Pool, id: int, attempts: int, worker: str,
-                    delay: float, error: str) -> bool:
-        """Book a failed attempt for another one after ``delay`` seconds; False when the lease was lost."""
-        return bool(await conn.fetchval(self._sql["fail"], id, attempts, worker, float(delay), error))
+                    delay: float, error: str, detail: str | None = None) -> bool:
+        """Book a failed attempt for another one after ``delay`` seconds; False when the lease was lost.
+        ``detail``: what the attempt log keeps instead of ``error`` (the error with its traceback)."""
+        return bool(await conn.fetchval(self._sql["fail"], id, attempts, worker, float(delay), error, detail))
 
     async def bury(self, conn: asyncpg.Connection | asyncpg.Pool, id: int, attempts: int, worker: str,
-                   error: str) -> bool:
+                   error: str, detail: str | None = None) -> bool:
         """Book a failed attempt as the last: the row is dead; False when the lease was lost."""
-        return bool(await conn.fetchval(self._sql["fail"], id, attempts, worker, None, error))
+        return bool(await conn.fetchval(self._sql["fail"], id, attempts, worker, None, error, detail))
 
     async def release(self, conn: asyncpg.Connection | asyncpg.Pool, ids: Sequence[int], worker: str,
                       delay: float = 0.0) -> set[int]:

@@ -1,12 +1,14 @@
 """``hookline status``: is anything stuck, for which provider or endpoint, since when, and why.
 
-Three statements, each reading indexes only: the operator's ``provider_stats`` (queries.sql)
-for the inbox queue signals, and ``recent_inbox_activity`` and ``endpoint_status``
-(status.sql) for the last minutes' traffic and the endpoints.
+Four statements, each reading indexes only: the operator's ``provider_stats`` (queries.sql)
+for the inbox queue signals, ``recent_inbox_activity`` and ``endpoint_status`` (status.sql)
+for the last minutes' traffic and the endpoints, and ``handler_problems`` (status.sql) for
+what the workers found wrong with a provider's handler.
 
 Unhealthy (``Status.problems``) means something a person must look at:
 dead letters (inbox events or deliveries), a provider whose oldest due event has waited
-longer than the threshold, an endpoint whose circuit is open, a disabled endpoint.
+longer than the threshold, a provider whose handler a worker cannot import (its events wait,
+their attempts not counted), an endpoint whose circuit is open, a disabled endpoint.
 Retries backing off, deferrals and a half-open circuit are normal operation.
 """
 
@@ -35,6 +37,7 @@ class ProviderStatus:
     oldest_due_seconds: float
     accepted_recently: int  # events received in the last RECENT_SECONDS
     failed_recently: int  # attempts failed in the last RECENT_SECONDS
+    handler_problem: str | None = None  # why a worker cannot import the provider's handler
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class Status:
         """What makes the installation unhealthy, one sentence each; empty when healthy."""
         found: list[str] = []
         for p in self.providers:
+            if p.handler_problem is not None:
+                found.append(f"provider {p.name}: {p.handler_problem}")
             if p.dead:
                 found.append(f"provider {p.name}: {p.dead} dead events")
             if p.oldest_due_seconds > self.max_oldest_due_seconds:
@@ -97,14 +102,19 @@ async def collect(conn: asyncpg.Connection, *, max_oldest_due_seconds: float = 3
     names = {r["name"] for r in await conn.fetch(db.query("provider_names", "status.sql"))} | set(queues)
     recent = {r["provider"]: r for r in await conn.fetch(db.query("recent_inbox_activity", "status.sql"),
                                                           float(recent_seconds), sorted(names))}
+    handler_problems = {r["provider"]: r for r in await conn.fetch(db.query("handler_problems", "status.sql"))}
     providers = []
     for name in sorted(names | set(recent)):
         q = queues.get(name, NO_EVENTS)
         r = recent.get(name)
+        h = handler_problems.get(name)
         providers.append(ProviderStatus(
             name=name, due=q.due, retrying=q.retrying, deferred=q.deferred, processing=q.in_flight, dead=q.dead,
             oldest_due_seconds=round(q.oldest_due_seconds, 3),
-            accepted_recently=int(r["accepted"]) if r else 0, failed_recently=int(r["failed"]) if r else 0))
+            accepted_recently=int(r["accepted"]) if r else 0, failed_recently=int(r["failed"]) if r else 0,
+            handler_problem=None if h is None else
+            f"handler {h['handler']} cannot be imported ({h['problem']}); its events wait, their attempts "
+            f"not counted (worker {h['worker']}, since {h['since'].isoformat(timespec='seconds')})"))
     endpoints = [
         EndpointStatus(
             name=r["name"], enabled=r["enabled"], circuit=r["circuit_state"], pending=int(r["pending"]),

@@ -41,6 +41,15 @@ Three paths, chosen by the provider:
 * ``ordering``: the entity's state row is locked, the transition checked, and the
   effect, the new state, "done", and the release of the entity's deferred events
   commit in one transaction, guarded like the handler's.
+
+A handler that cannot be imported is a configuration error, not a failure of its events:
+``HandlerImports`` reports it once (a log line, and a row ``hookline status`` reads), its
+events go back to pending without their attempts counted, and it is tried again every
+``HandlerImports.RECHECK_SECONDS`` (the worker claims nothing for that provider meanwhile).
+
+Calls go one way: ``Processor`` picks the path; ``TransactionBatches`` runs transactions of
+one or more events; ``Effects`` runs an event's effect; ``Completer`` (completer.py) writes
+how every attempt ended, whichever path it took.
 """
 
 from __future__ import annotations
@@ -53,17 +62,25 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from enum import Enum
 
 import asyncpg
 
 from hookline.core import db, delivery, metrics, settings, tracing
 from hookline.core.batching import Batcher
-from hookline.core.consumer import write_completion
 from hookline.core.http_client import WebhookClient
 from hookline.core.providers import Provider, Transition
-from hookline.core.queue import INBOX, truncate_error
 from hookline.core.signatures import sign_standard_webhooks
+from hookline.worker.completer import (
+    DONE,
+    LOST,
+    Completer,
+    LeaseLost,
+    Outcome,
+    PermanentFailure,
+    Result,
+    RetryableFailure,
+    caught,
+)
 from hookline.worker.event import Event
 
 log = logging.getLogger(__name__)
@@ -71,32 +88,9 @@ log = logging.getLogger(__name__)
 Handler = Callable[..., Awaitable[None]]
 
 
-class Result(Enum):
-    DONE = "done"
-    RETRY = "retry"
-    DEFERRED = "deferred"
-    DEAD = "dead"
-    LOST = "lost"  # the lease was taken from us; nothing of this attempt was committed
-    UNKNOWN = "unknown"  # the effect happened but "done" could not be written; the lease will expire
-
-
-class LeaseLost(Exception):
-    """Another worker owns the event now; nothing of this attempt may be committed."""
-
-
 class AbortedByHandler(Exception):
     """The handler returned, but one of its statements had failed and its transaction was left
     aborted (the error was caught, not raised): a failure of that handler's event."""
-
-
-class PermanentFailure(Exception):
-    """Retrying cannot help (e.g. the destination answered 400): the event goes dead now."""
-
-
-class RetryableFailure(Exception):
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 @dataclass
@@ -136,15 +130,6 @@ class ClaimedEvent:
     deferred_since: float | None
 
 
-@dataclass(frozen=True)
-class Outcome:
-    result: Result
-    error: str | None = None  # the failure booked, for the log line of a dead letter
-
-
-DONE = Outcome(Result.DONE)
-
-
 def savepoint_name(position: int) -> str:
     """The savepoint of the job at ``position`` in its batch's run order."""
     return f"hookline_job_{position}"
@@ -177,14 +162,157 @@ async def rollback(conn: asyncpg.Connection) -> None:
         await conn.execute("ROLLBACK")
 
 
-def describe_failure(exc: Exception) -> tuple[str, bool, float | None]:
-    """(error, permanent, retry_after) of an attempt that raised."""
-    if isinstance(exc, PermanentFailure):
-        return str(exc), True, None
-    if isinstance(exc, RetryableFailure):
-        return str(exc), False, exc.retry_after
-    # A handler that raises, a payload it cannot read, an import error: all retried, then dead.
-    return f"{type(exc).__name__}: {exc}", False, None
+@dataclass
+class _Unimportable:
+    handler: str
+    error: str
+    checked_at: float  # time.monotonic() of the last try
+
+
+class HandlerImports:
+    """Providers whose handler cannot be imported: a configuration error, not a failure of their
+    events. Reported once per problem (a log line, and ``hookline.handler_problems``, which
+    ``hookline status`` reads), and tried again every RECHECK_SECONDS; meanwhile the worker claims
+    nothing for the provider (``waiting``), and what it had claimed goes back without counting."""
+
+    RECHECK_SECONDS = 10.0
+
+    def __init__(self, pool: asyncpg.Pool, worker_id: str) -> None:
+        self._pool = pool
+        self._worker_id = worker_id
+        self._unimportable: dict[str, _Unimportable] = {}  # by provider name
+        self._imported: set[tuple[str, str]] = set()  # (provider, handler) loaded and reported fine
+        self._clearing: set[asyncio.Task[None]] = set()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*self._clearing)
+
+    def waiting(self, provider: Provider) -> bool:
+        """True while the provider's handler is known not to import and is not due for another try."""
+        known = self._unimportable.get(provider.name)
+        return (known is not None and known.handler == provider.handler
+                and time.monotonic() - known.checked_at < self.RECHECK_SECONDS)
+
+    async def load(self, provider: Provider, path: str) -> LoadedHandler | str:
+        """The provider's handler, or why it cannot be imported."""
+        loaded = _handlers.get(path)
+        if loaded is not None and (provider.name, path) in self._imported:
+            return loaded
+        known = self._unimportable.get(provider.name)
+        if known is not None and known.handler == path:
+            if time.monotonic() - known.checked_at < self.RECHECK_SECONDS:
+                return known.error
+            importlib.invalidate_caches()  # a module installed since the last try is found
+        try:
+            loaded = load_handler(path)
+        except Exception as exc:  # whatever stops the import: the event never ran
+            error = f"{type(exc).__name__}: {exc}"
+            self._unimportable[provider.name] = _Unimportable(path, error, time.monotonic())
+            if known is None or (known.handler, known.error) != (path, error):
+                log.error("handler cannot be imported: its events wait, their attempts not counted, and it is "
+                          "tried again every %g s", self.RECHECK_SECONDS,
+                          extra={"provider": provider.name, "handler": path, "error": error[:300]})
+                await self._report(provider.name, path, error)
+            return error
+        self._imported.add((provider.name, path))
+        if self._unimportable.pop(provider.name, None) is not None:
+            log.info("handler imports again", extra={"provider": provider.name, "handler": path})
+        # Clear what this or an earlier worker reported, beside the event rather than before it: the
+        # first event of a provider is not held back a round trip behind its batch-mates.
+        clearing = asyncio.create_task(self._report(provider.name, path, None))
+        self._clearing.add(clearing)
+        clearing.add_done_callback(self._clearing.discard)
+        return loaded
+
+    async def _report(self, provider: str, handler: str, problem: str | None) -> None:
+        try:
+            await self._pool.execute(db.query("report_handler_problem", "worker.sql"), provider, handler,
+                                     problem if problem is None else problem[:2000], self._worker_id)
+        except Exception as exc:  # the log line stands; the next change of state reports again
+            log.warning("could not record the handler's state for hookline status",
+                        extra={"provider": provider, "error": f"{type(exc).__name__}: {exc}"[:300]})
+
+
+class Effects:
+    """An event's effect: its handler, or the call to its destination, and under ``ordering`` the
+    entity's new state; what it decides about the event (deferred, dead) its ``Completer`` writes."""
+
+    def __init__(self, session: WebhookClient, completer: Completer) -> None:
+        self.session = session
+        self._completer = completer
+
+    async def apply(self, conn: asyncpg.Connection, job: ClaimedEvent) -> Result:
+        """The effect and the entity's new state inside the caller's transaction or savepoint; DONE
+        means the completion is still to be written (a deferral or dead letter is booked here)."""
+        event, provider, transition = job.event, job.provider, job.transition
+        if transition is not None:
+            assert provider.ordering is not None and event.entity_key is not None
+            state = await conn.fetchval(db.query("lock_entity_state"), provider.name, event.entity_key)
+            if state not in transition.from_states:
+                return await self._defer(conn, event, provider, transition, state, job.deferred_since)
+        await self.run(event, provider, conn)
+        if transition is not None:
+            await conn.execute(db.query("set_entity_state"), provider.name, event.entity_key, transition.to)
+            await conn.fetchrow(db.query("release_deferred"), provider.name, event.entity_key)
+        return Result.DONE
+
+    async def run(self, event: Event, provider: Provider, conn: asyncpg.Connection | None) -> None:
+        if not tracing.enabled():  # the common case: no span to build per event
+            return await self._run_effect(event, provider, conn, None)
+        # The handler span continues the receiver's (core/tracing.py); outbox events the handler
+        # publishes, and the destination call, carry it on.
+        with tracing.span("hookline.handle", event.headers.get("traceparent"), tracing.CONSUMER,
+                          {"hookline.provider": event.provider, "hookline.event_id": event.event_id,
+                           "hookline.attempt": event.attempts}) as traceparent:
+            await self._run_effect(event, provider, conn, traceparent)
+
+    async def _run_effect(self, event: Event, provider: Provider, conn: asyncpg.Connection | None,
+                          traceparent: str | None) -> None:
+        if provider.handler:
+            handler = load_handler(provider.handler)
+            await (handler.function(event, conn) if handler.transactional else handler.function(event))
+        elif provider.destination:
+            await self._call_destination(event, provider, traceparent)
+        else:
+            raise PermanentFailure(f"provider {provider.name} has neither handler nor destination")
+
+    async def _call_destination(self, event: Event, provider: Provider, traceparent: str | None) -> None:
+        assert provider.destination is not None
+        headers = {
+            "Content-Type": event.content_type or "application/json",
+            "Hookline-Event-Id": event.event_id,
+            "Hookline-Provider": event.provider,
+            "Idempotency-Key": event.idempotency_key,
+        }
+        if traceparent is not None:
+            headers["traceparent"] = traceparent
+        if provider.destination_secret:
+            headers.update(sign_standard_webhooks([provider.destination_secret], event.idempotency_key,
+                                                  int(time.time()), event.body))
+        answer = await self.session.post(provider.destination.url, event.body, headers,
+                                         timeout=provider.destination.timeout_seconds)
+        if answer.ok:
+            return
+        if delivery.worth_retrying(answer):
+            raise RetryableFailure(f"destination: {answer.describe()}", answer.retry_after)
+        raise PermanentFailure(f"destination rejected the event: {answer.describe()}")
+
+    async def _defer(self, conn: asyncpg.Connection, event: Event, provider: Provider, transition: Transition,
+                     state: str | None, deferred_since: float | None) -> Result:
+        assert provider.ordering is not None
+        waited = time.time() - deferred_since if deferred_since else 0.0
+        remaining = provider.ordering.max_deferral_seconds - waited
+        wanted = " or ".join("no state" if s is None else repr(s) for s in transition.from_states)
+        reason = (f"precondition_not_met: {event.event_type} needs entity {event.entity_key} in {wanted}, "
+                  f"found {'no state' if state is None else repr(state)}")
+        if remaining <= 0:
+            if not await self._completer.bury(conn, event, f"{reason} after waiting {waited:.0f} s"):
+                raise LeaseLost()
+            return Result.DEAD
+        # Applying the predecessor releases us at once; until then look again now and then.
+        if not await self._completer.defer(conn, event, min(remaining, 30.0), reason):
+            raise LeaseLost()
+        return Result.DEFERRED
 
 
 class TransactionBatches:
@@ -231,17 +359,10 @@ class TransactionBatches:
     # provider whose handlers keep failing pays for no passes that are thrown away.
     CAREFUL_BATCHES = 10
 
-    def __init__(self, apply: Callable[[asyncpg.Connection, ClaimedEvent], Awaitable[Result]],
-                 run_one: Callable[[asyncpg.Connection, ClaimedEvent, str], Awaitable[Outcome]],
-                 fail_one: Callable[[asyncpg.Connection, ClaimedEvent, str, Exception], Awaitable[Outcome]],
-                 run_alone: Callable[[ClaimedEvent], Awaitable[Outcome]],
-                 complete: Callable[[asyncpg.Connection, list[tuple[int, int]]], Awaitable[set[int]]],
-                 pool: asyncpg.Pool, name: str, *, transactions: int, max_batch: int, max_seconds: float) -> None:
-        self._apply = apply
-        self._run_one = run_one
-        self._fail_one = fail_one
-        self._run_alone = run_alone
-        self._complete_pairs = complete
+    def __init__(self, effects: Effects, completer: Completer, pool: asyncpg.Pool, name: str, *,
+                 transactions: int, max_batch: int, max_seconds: float) -> None:
+        self._effects = effects
+        self._completer = completer
         self._pool = pool
         self._max_seconds = max_seconds
         self._transactions = transactions
@@ -253,9 +374,17 @@ class TransactionBatches:
             limit=self._limit, active=self._active_transactions)
         self._batcher.start()
 
-    async def run(self, job: ClaimedEvent) -> Outcome:
+    async def run(self, job: ClaimedEvent, *, alone: bool = False) -> Outcome:
+        """Run ``job`` in a transaction and book its outcome. ``alone``: in a transaction of its own
+        at once, never with other jobs (a suspect, or an ordering event without a handler's
+        transaction)."""
+        if alone:
+            return await self._run_alone(job)
         while True:
-            outcome = await self._batcher.submit(job)
+            try:
+                outcome = await self._batcher.submit(job)
+            except Exception as exc:  # the batch's own statements failed (its commit, its connection)
+                return await self._completer.fail(self._pool, job.event, job.provider, exc)
             if outcome is not None:
                 return outcome
 
@@ -305,6 +434,28 @@ class TransactionBatches:
                 metrics.worker_batch_reruns.inc()
             return await self._run_in_savepoints(conn, jobs, order)
 
+    async def _run_alone(self, job: ClaimedEvent) -> Outcome:
+        """One job in its own transaction, no savepoint round trips (the idle case, and suspects);
+        a failure is booked after the rollback, on the pool."""
+        result = await caught(self._committed(job))
+        if isinstance(result, LeaseLost):
+            return LOST
+        if isinstance(result, Exception):
+            return await self._completer.fail(self._pool, job.event, job.provider, result)
+        return DONE if result is Result.DONE else Outcome(result)
+
+    async def _committed(self, job: ClaimedEvent) -> Result:
+        event = job.event
+        async with self._pool.acquire() as conn, handler_transaction(conn):
+            began = time.monotonic()
+            result = await self._effects.apply(conn, job)
+            # The guarded UPDATE proves the lease is still ours; if it is not, raising rolls the
+            # handler's writes back with it, so a lost lease never commits an effect.
+            if result is Result.DONE and not await self._completer.complete(conn, [(event.id, event.attempts)]):
+                raise LeaseLost()
+            self._record_pace(time.monotonic() - began)
+            return result
+
     async def _run_without_savepoints(self, conn: asyncpg.Connection, jobs: list[ClaimedEvent],
                                       order: list[int]) -> list[Outcome | None] | None:
         """Every job of the batch, none in a savepoint of its own (a round trip less each), and
@@ -317,22 +468,16 @@ class TransactionBatches:
         for i in order:
             if ran and time.monotonic() - began >= self._max_seconds:
                 break
-            try:
-                result = await self._apply(conn, jobs[i])
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise  # the batch itself is being stopped: everything in it rolls back
-                return None
-            except Exception:
+            result = await caught(self._effects.apply(conn, jobs[i]))
+            if isinstance(result, Exception):
                 return None
             outcomes[i] = DONE if result is Result.DONE else Outcome(result)
             ran.append(i)
-        self.record_pace(time.monotonic() - began, len(ran))
+        self._record_pace(time.monotonic() - began, len(ran))
         applied = [(jobs[i].event.id, jobs[i].event.attempts) for i in ran if outcomes[i] == DONE]
         if applied:
             try:
-                done = await self._complete_pairs(conn, applied)
+                done = await self._completer.complete(conn, applied)
             except asyncpg.InFailedSQLTransactionError:
                 return None
             if len(done) != len(applied):
@@ -352,12 +497,34 @@ class TransactionBatches:
                     break
                 # Savepoints stay open (nested): a lease found lost at the end is cut off at its own.
                 await self._savepoint(conn, jobs, outcomes, ran)
-            outcomes[i] = await self._run_one(conn, jobs[i], savepoint_name(len(ran)))
+            outcomes[i] = await self._in_savepoint(conn, jobs[i], savepoint_name(len(ran)))
             ran.append(i)
-        self.record_pace(time.monotonic() - began, len(ran))
+        self._record_pace(time.monotonic() - began, len(ran))
         await self._complete(conn, jobs, outcomes, ran)
         metrics.worker_batch_size.observe(len(ran))
         return outcomes
+
+    async def _in_savepoint(self, conn: asyncpg.Connection, job: ClaimedEvent, savepoint: str) -> Outcome:
+        """One job of a batch, inside the open ``savepoint``: DONE means its effect applied and its
+        completion is the batch's to write (``_complete``); a handler that raised, or a deferral
+        whose lease was lost, rolls back to the savepoint (a failure is then booked in the same
+        transaction)."""
+        result = await caught(self._effects.apply(conn, job))
+        if isinstance(result, LeaseLost):
+            await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
+            return LOST
+        if isinstance(result, Exception):
+            return await self._failed_in_savepoint(conn, job, savepoint, result)
+        return DONE if result is Result.DONE else Outcome(result)
+
+    async def _failed_in_savepoint(self, conn: asyncpg.Connection, job: ClaimedEvent, savepoint: str,
+                                   failure: Exception) -> Outcome:
+        """Roll the job back to its ``savepoint`` and book its failure in the batch's transaction."""
+        await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
+        # The retry statement counts its delay from now(), the batch transaction's start: add
+        # the time since, so the backoff starts when the attempt failed.
+        since_begin = float(await conn.fetchval(db.query("transaction_age")))
+        return await self._completer.fail(conn, job.event, job.provider, failure, since_begin)
 
     async def _savepoint(self, conn: asyncpg.Connection, jobs: list[ClaimedEvent], outcomes: list[Outcome | None],
                          ran: list[int]) -> None:
@@ -375,9 +542,10 @@ class TransactionBatches:
         error of its own statement (each earlier one was checked by the savepoint after it). That
         job is rolled back to its savepoint and fails, not its batch-mates."""
         last = ran[-1]
-        outcomes[last] = await self._fail_one(conn, jobs[last], savepoint_name(len(ran) - 1), AbortedByHandler(
-            "the handler returned with its transaction aborted: one of its statements failed and the error "
-            "was caught instead of raised"))
+        outcomes[last] = await self._failed_in_savepoint(
+            conn, jobs[last], savepoint_name(len(ran) - 1), AbortedByHandler(
+                "the handler returned with its transaction aborted: one of its statements failed and the error "
+                "was caught instead of raised"))
 
     async def _complete(self, conn: asyncpg.Connection, jobs: list[ClaimedEvent], outcomes: list[Outcome | None],
                         ran: list[int]) -> None:
@@ -389,8 +557,8 @@ class TransactionBatches:
             if not applied:
                 return
             try:
-                done = await self._complete_pairs(conn, [(jobs[i].event.id, jobs[i].event.attempts)
-                                                         for i in applied])
+                done = await self._completer.complete(conn, [(jobs[i].event.id, jobs[i].event.attempts)
+                                                             for i in applied])
             except asyncpg.InFailedSQLTransactionError:
                 await self._aborted_by_last(conn, jobs, outcomes, ran)
                 continue
@@ -398,15 +566,15 @@ class TransactionBatches:
             if lost is None:
                 return
             await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint_name(lost)}")
-            outcomes[ran[lost]] = Outcome(Result.LOST)
+            outcomes[ran[lost]] = LOST
             for i in ran[lost + 1:]:
                 outcomes[i] = None
             del ran[lost:]
 
-    def record_pace(self, seconds: float, jobs: int = 1) -> None:
-        """``jobs`` ran in ``seconds``, their commit not counted (``run_alone`` reports its job's
-        time here too: a slow moment, such as a cold pool, must not pin the limit at one job for
-        good, as it would if only batches of several measured the pace)."""
+    def _record_pace(self, seconds: float, jobs: int = 1) -> None:
+        """``jobs`` ran in ``seconds``, their commit not counted (a job alone counts too: a slow
+        moment, such as a cold pool, must not pin the limit at one job for good, as it would if
+        only batches of several measured the pace)."""
         self._job_seconds = 0.7 * self._job_seconds + 0.3 * seconds / jobs
 
 
@@ -418,7 +586,9 @@ class Processor:
         self.pool = pool
         self.session = session
         self.worker_id = worker_id
-        self._complete_later = complete_later
+        self.completer = Completer(worker_id, complete_later)
+        self.effects = Effects(session, self.completer)
+        self.imports = HandlerImports(pool, worker_id)
         self._effect_done = effect_done
         # As many transactions as events may run at once (slow handlers run side by side);
         # under a backlog of fast ones, they share a few commits instead of each paying for one.
@@ -429,19 +599,19 @@ class Processor:
     async def stop(self, timeout: float = 5.0) -> None:
         """Let running batches commit (their callers are gone or done); cut them off after ``timeout``."""
         batches, self._batches = list(self._batches.values()), {}
-        await asyncio.gather(*(b.stop(timeout) for b in batches))
+        await asyncio.gather(*(b.stop(timeout) for b in batches), self.imports.stop())
+
+    def waiting(self, provider: Provider) -> bool:
+        """True while nothing of ``provider``'s should be claimed: its handler does not import."""
+        return self.imports.waiting(provider)
 
     async def process(self, event: Event, provider: Provider, deferred_since: float | None, *,
                       alone: bool = False) -> Result:
         """Run ``event`` and book its outcome. ``alone``: never in a batch (a suspect, which may
         be what crashed its last worker, must not share a transaction with anything)."""
         started = time.perf_counter()
-        try:
-            outcome = await self._attempt(event, provider, deferred_since, alone)
-        except LeaseLost:
-            outcome = Outcome(Result.LOST)
-        except Exception as exc:
-            outcome = await self._book_failure(self.pool, event, provider, exc)
+        outcome = await self._attempt(ClaimedEvent(event, provider, find_transition(provider, event.event_type),
+                                                   deferred_since), alone)
         if outcome.result is Result.DEAD and outcome.error is not None:
             log.warning("event dead", extra={"provider": event.provider, "event_id": event.event_id,
                                              "attempts": event.attempts, "error": outcome.error[:300]})
@@ -449,196 +619,32 @@ class Processor:
         metrics.child(metrics.worker_events, event.provider, outcome.result.value).inc()
         return outcome.result
 
-    async def _attempt(self, event: Event, provider: Provider, deferred_since: float | None,
-                       alone: bool) -> Outcome:
-        transition = find_transition(provider, event.event_type)
-        if transition is not None and event.entity_key is None:
+    async def _attempt(self, job: ClaimedEvent, alone: bool) -> Outcome:
+        event, provider = job.event, job.provider
+        if job.transition is not None and event.entity_key is None:
             assert provider.ordering is not None
-            raise PermanentFailure(f"no entity key at {provider.ordering.entity_key.describe()}")
-        transactional = bool(provider.handler) and load_handler(provider.handler or "").transactional
-        if transactional and not alone:
-            return await self._batches_of(provider).run(ClaimedEvent(event, provider, transition, deferred_since))
-        if transactional or transition is not None:
-            return Outcome(await self._in_own_transaction(ClaimedEvent(event, provider, transition, deferred_since)))
-        await self._effect(event, provider, None)
+            return await self.completer.fail(self.pool, event, provider, PermanentFailure(
+                f"no entity key at {provider.ordering.entity_key.describe()}"))
+        transactional = False
+        if provider.handler:
+            handler = await self.imports.load(provider, provider.handler)
+            if isinstance(handler, str):
+                return await self.completer.put_back(self.pool, event, HandlerImports.RECHECK_SECONDS,
+                                                     f"handler {provider.handler} cannot be imported: {handler}")
+            transactional = handler.transactional
+        if transactional or job.transition is not None:
+            return await self._batches_of(provider).run(job, alone=alone or not transactional)
+        failure = await caught(self.effects.run(event, provider, None))
+        if failure is not None:
+            return await self.completer.fail(self.pool, event, provider, failure)
         self._effect_done(event.id)
-        result = await self._book_effect(event, provider)
+        result = await self.completer.complete_later(event, provider)
         return DONE if result is Result.DONE else Outcome(result)
-
-    async def _in_own_transaction(self, job: ClaimedEvent, pace: Callable[[float], None] | None = None) -> Result:
-        """``pace``: told how long the job took in its transaction (its commit not counted)."""
-        event = job.event
-        async with self.pool.acquire() as conn, handler_transaction(conn):
-            began = time.monotonic()
-            result = await self._apply(conn, job)
-            # The guarded UPDATE proves the lease is still ours; if it is not, raising rolls the
-            # handler's writes back with it, so a lost lease never commits an effect.
-            if result is Result.DONE and not await INBOX.complete(conn, [(event.id, event.attempts)],
-                                                                  self.worker_id):
-                raise LeaseLost()
-            if pace is not None:
-                pace(time.monotonic() - began)
-            return result
-
-    async def _batch_of_one(self, job: ClaimedEvent) -> Outcome:
-        """A batch of one job (the idle case): its own transaction, no savepoint round trips; a
-        failure is booked after the rollback, as outside batches."""
-        try:
-            return Outcome(await self._in_own_transaction(job, self._batches_of(job.provider).record_pace))
-        except LeaseLost:
-            return Outcome(Result.LOST)
-        except asyncio.CancelledError as exc:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise
-            failure: Exception = RuntimeError(repr(exc))  # raised by the handler itself
-        except Exception as exc:
-            failure = exc
-        return await self._book_failure(self.pool, job.event, job.provider, failure)
-
-    async def _complete_in(self, conn: asyncpg.Connection, done: list[tuple[int, int]]) -> set[int]:
-        return await INBOX.complete(conn, done, self.worker_id)
 
     def _batches_of(self, provider: Provider) -> TransactionBatches:
         if provider.name not in self._batches:
             self._batches[provider.name] = TransactionBatches(
-                self._apply, self._in_savepoint, self._failed_in_savepoint, self._batch_of_one, self._complete_in,
-                self.pool, provider.name,
+                self.effects, self.completer, self.pool, provider.name,
                 transactions=self._concurrency, max_batch=min(self._concurrency, TransactionBatches.MAX_JOBS),
                 max_seconds=self._batch_seconds)
         return self._batches[provider.name]
-
-    async def _in_savepoint(self, conn: asyncpg.Connection, job: ClaimedEvent, savepoint: str) -> Outcome:
-        """One job of a batch, inside the open ``savepoint``: DONE means its effect applied and its
-        completion is the batch's to write (``TransactionBatches._complete``); a handler that raised,
-        or a deferral whose lease was lost, rolls back to the savepoint (a failure is then booked in
-        the same transaction)."""
-        try:
-            result = await self._apply(conn, job)
-            return DONE if result is Result.DONE else Outcome(result)
-        except LeaseLost:
-            await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
-            return Outcome(Result.LOST)
-        except asyncio.CancelledError as exc:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # the batch itself is being stopped: everything in it rolls back
-            # Raised by the handler itself (e.g. its own timeout): a failure of this event only.
-            failure: Exception = RuntimeError(repr(exc))
-        except Exception as exc:
-            failure = exc
-        return await self._failed_in_savepoint(conn, job, savepoint, failure)
-
-    async def _failed_in_savepoint(self, conn: asyncpg.Connection, job: ClaimedEvent, savepoint: str,
-                                   failure: Exception) -> Outcome:
-        """Roll the job back to its ``savepoint`` and book its failure in the batch's transaction."""
-        await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
-        # The retry statement counts its delay from now(), the batch transaction's start: add
-        # the time since, so the backoff starts when the attempt failed.
-        since_begin = float(await conn.fetchval(db.query("transaction_age")))
-        return await self._book_failure(conn, job.event, job.provider, failure, since_begin)
-
-    async def _book_effect(self, event: Event, provider: Provider) -> Result:
-        """Write "done" for an effect that happened outside our database (see ``write_completion``:
-        retried while the lease lasts, then unknown; never a retry or a dead letter)."""
-        booked = await write_completion(lambda: self._complete_later(event.id, event.attempts), provider.lease_seconds,
-                                        {"provider": event.provider, "event_id": event.event_id})
-        return Result.UNKNOWN if booked is None else Result.DONE if booked else Result.LOST
-
-    async def _effect(self, event: Event, provider: Provider, conn: asyncpg.Connection | None) -> None:
-        if not tracing.enabled():  # the common case: no span to build per event
-            return await self._run_effect(event, provider, conn, None)
-        # The handler span continues the receiver's (core/tracing.py); outbox events the handler
-        # publishes, and the destination call, carry it on.
-        with tracing.span("hookline.handle", event.headers.get("traceparent"), tracing.CONSUMER,
-                          {"hookline.provider": event.provider, "hookline.event_id": event.event_id,
-                           "hookline.attempt": event.attempts}) as traceparent:
-            await self._run_effect(event, provider, conn, traceparent)
-
-    async def _run_effect(self, event: Event, provider: Provider, conn: asyncpg.Connection | None,
-                          traceparent: str | None) -> None:
-        if provider.handler:
-            handler = load_handler(provider.handler)
-            await (handler.function(event, conn) if handler.transactional else handler.function(event))
-        elif provider.destination:
-            await self._call_destination(event, provider, traceparent)
-        else:
-            raise PermanentFailure(f"provider {provider.name} has neither handler nor destination")
-
-    async def _call_destination(self, event: Event, provider: Provider, traceparent: str | None = None) -> None:
-        assert provider.destination is not None
-        headers = {
-            "Content-Type": event.content_type or "application/json",
-            "Hookline-Event-Id": event.event_id,
-            "Hookline-Provider": event.provider,
-            "Idempotency-Key": event.idempotency_key,
-        }
-        if traceparent is not None:
-            headers["traceparent"] = traceparent
-        if provider.destination_secret:
-            headers.update(sign_standard_webhooks([provider.destination_secret], event.idempotency_key,
-                                                  int(time.time()), event.body))
-        answer = await self.session.post(provider.destination.url, event.body, headers,
-                                         timeout=provider.destination.timeout_seconds)
-        if answer.ok:
-            return
-        if delivery.worth_retrying(answer):
-            raise RetryableFailure(f"destination: {answer.describe()}", answer.retry_after)
-        raise PermanentFailure(f"destination rejected the event: {answer.describe()}")
-
-    async def _apply(self, conn: asyncpg.Connection, job: ClaimedEvent) -> Result:
-        """The effect and the entity's new state inside the caller's transaction or savepoint; DONE
-        means the completion is still to be written (a deferral or dead letter is booked here)."""
-        event, provider, transition = job.event, job.provider, job.transition
-        if transition is not None:
-            assert provider.ordering is not None and event.entity_key is not None
-            state = await conn.fetchval(db.query("lock_entity_state"), provider.name, event.entity_key)
-            if state not in transition.from_states:
-                return await self._defer(conn, event, provider, transition, state, job.deferred_since)
-        await self._effect(event, provider, conn)
-        if transition is not None:
-            await conn.execute(db.query("set_entity_state"), provider.name, event.entity_key, transition.to)
-            await conn.fetchrow(db.query("release_deferred"), provider.name, event.entity_key)
-        return Result.DONE
-
-    async def _defer(self, conn: asyncpg.Connection, event: Event, provider: Provider, transition: Transition,
-                     state: str | None, deferred_since: float | None) -> Result:
-        assert provider.ordering is not None
-        waited = time.time() - deferred_since if deferred_since else 0.0
-        remaining = provider.ordering.max_deferral_seconds - waited
-        wanted = " or ".join("no state" if s is None else repr(s) for s in transition.from_states)
-        reason = (f"precondition_not_met: {event.event_type} needs entity {event.entity_key} in {wanted}, "
-                  f"found {'no state' if state is None else repr(state)}")
-        if remaining <= 0:
-            if not await INBOX.bury(conn, event.id, event.attempts, self.worker_id,
-                                    f"{reason} after waiting {waited:.0f} s"):
-                raise LeaseLost()
-            return Result.DEAD
-        # Applying the predecessor releases us at once; until then look again now and then.
-        if await conn.fetchval(db.query("defer_event"), event.id, event.attempts, self.worker_id,
-                               min(remaining, 30.0), reason) is None:
-            raise LeaseLost()
-        return Result.DEFERRED
-
-    async def _book_failure(self, conn: asyncpg.Connection | asyncpg.Pool, event: Event, provider: Provider,
-                            exc: Exception, clock_lag: float = 0.0) -> Outcome:
-        """Book a failed attempt on ``conn`` (the pool, or a batch's transaction whose now() is
-        ``clock_lag`` seconds behind the clock): retry or dead."""
-        error, permanent, retry_after = describe_failure(exc)
-        error = truncate_error(error, [*provider.signature.secrets, provider.destination_secret or ""])
-        if permanent or event.attempts >= provider.retry.max_attempts:
-            if not permanent:
-                error = f"gave up after {event.attempts} attempt{'' if event.attempts == 1 else 's'}: {error}"
-            if not await INBOX.bury(conn, event.id, event.attempts, self.worker_id, error):
-                return Outcome(Result.LOST)
-            return Outcome(Result.DEAD, error)
-        delay = provider.retry.next_delay(event.attempts, retry_after) + clock_lag
-        ok = await INBOX.retry(conn, event.id, event.attempts, self.worker_id, delay, error)
-        if ok:
-            # One line per failed attempt: a handler that fails is seen at its first failure, not
-            # hours later when the event is dead.
-            log.warning("attempt failed; will retry", extra={
-                "provider": event.provider, "event_id": event.event_id,
-                "attempt": f"{event.attempts} of {provider.retry.max_attempts}",
-                "retry_in_seconds": round(delay, 1), "error": (error.splitlines() or [""])[0][:300]})
-        return Outcome(Result.RETRY if ok else Result.LOST)

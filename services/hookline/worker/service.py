@@ -197,6 +197,8 @@ class Worker(LeasedConsumer):
         for provider in providers[self._rotation:] + providers[: self._rotation]:
             if self.free_slots <= 0 or self.stopping:
                 break
+            if self.processor.waiting(provider):
+                continue  # its handler does not import: nothing of it can run yet
             rows = await self._claims.fetch(CLAIM_EVENTS, provider.name, self.free_slots, self.worker_id,
                                             float(provider.lease_seconds))
             for row in rows:

@@ -159,7 +159,8 @@ SELECT array_agg(id) AS ids,
 FROM done;
 
 -- name: fail
--- A failed attempt: retried after $4 seconds, or dead when $4 is NULL ($5: the error).
+-- A failed attempt: retried after $4 seconds, or dead when $4 is NULL ($5: the error;
+-- $6: what the attempt log keeps instead, when not NULL: the error with a handler's traceback).
 -- Returns the number booked: 1, or 0 when the lease was lost.
 WITH failed AS (
     UPDATE /* TEMPLATE: table */hookline.inbox AS t
@@ -169,12 +170,13 @@ WITH failed AS (
         lease_expires_at = NULL, locked_by = NULL, last_error = $5
     WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
     RETURNING t.id, t./* TEMPLATE: partition */provider AS part, t.attempts, $3::text AS worker,
-              CASE WHEN $4::float8 IS NULL THEN 'dead' ELSE 'retry' END AS outcome, t.last_error,
+              CASE WHEN $4::float8 IS NULL THEN 'dead' ELSE 'retry' END AS outcome,
+              coalesce($6::text, t.last_error) AS logged_error,
               coalesce(NULL::float8/* TEMPLATE_BEGIN: timed */, extract(epoch FROM clock_timestamp() - t.claimed_at) * 1000/* TEMPLATE_END */) AS latency_ms
 )
 SELECT count(*) AS booked,
        hookline.log_attempts(/* TEMPLATE: log_queue */'inbox', array_agg(id), array_agg(part), array_agg(attempts),
-                             array_agg(worker), array_agg(outcome), array_agg(last_error), NULL,
+                             array_agg(worker), array_agg(outcome), array_agg(logged_error), NULL,
                              array_agg(latency_ms)) AS logged
 FROM failed;
 

@@ -571,6 +571,8 @@ BEGIN
     EXECUTE format('GRANT SELECT, INSERT, UPDATE ON hookline.entity_states TO %I', tenant_role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION hookline.log_attempts(text, bigint[], text[], integer[], text[], '
                    'text[], text[], integer[], float8[]) TO %I', tenant_role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION hookline.report_handler_problem(text, text, text, text) TO %I',
+                   tenant_role);
 END $$;
 
 
@@ -633,7 +635,7 @@ CREATE FUNCTION hookline.log_attempts(log_queue text, row_ids bigint[], parts te
     logged AS (
         INSERT INTO hookline.attempts (queue, row_id, part, attempt, worker, outcome, error, http_status, latency_ms)
         SELECT log_queue, a.row_id, a.part, a.attempt, a.worker, a.outcome,
-               CASE WHEN a.outcome <> 'done' THEN left(a.error, 2000) END, a.http_status, a.latency_ms
+               CASE WHEN a.outcome <> 'done' THEN left(a.error, 8192) END, a.http_status, a.latency_ms
         FROM unnest(row_ids, parts, attempt_numbers, workers, outcomes, errors, http_statuses, latencies)
             AS a(row_id, part, attempt, worker, outcome, error, http_status, latency_ms), tenant
         WHERE a.row_id IS NOT NULL AND hookline.attempt_logged(a.attempt, a.outcome)
@@ -782,6 +784,34 @@ BEGIN
     INSERT INTO hookline.released_provider_names (name, owner_uid) VALUES (OLD.name, OLD.owner_uid)
     ON CONFLICT (name) DO UPDATE SET owner_uid = EXCLUDED.owner_uid, released_at = now();
     RETURN NULL;
+END $$;
+
+
+--
+-- Name: report_handler_problem(text, text, text, text); Type: FUNCTION; Schema: hookline; Owner: -
+--
+
+CREATE FUNCTION hookline.report_handler_problem(provider_name text, handler_path text, problem text, worker_id text) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    tenant text[] := hookline.tenant_providers();
+BEGIN
+    IF tenant IS NOT NULL AND NOT provider_name = ANY (tenant) THEN
+        RETURN false;
+    END IF;
+    IF problem IS NULL THEN
+        DELETE FROM hookline.handler_problems AS h WHERE h.provider = provider_name;
+    ELSE
+        INSERT INTO hookline.handler_problems AS h (provider, handler, problem, worker)
+        VALUES (provider_name, handler_path, left(problem, 2000), worker_id)
+        ON CONFLICT ON CONSTRAINT handler_problems_pkey DO UPDATE
+            SET handler = EXCLUDED.handler, problem = EXCLUDED.problem, worker = EXCLUDED.worker,
+                since = CASE WHEN (h.handler, h.problem) = (EXCLUDED.handler, EXCLUDED.problem) THEN h.since
+                             ELSE now() END;
+    END IF;
+    RETURN FOUND;
 END $$;
 
 
@@ -997,6 +1027,19 @@ CREATE TABLE hookline.entity_states (
     entity_key text NOT NULL,
     state text,
     updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+--
+-- Name: handler_problems; Type: TABLE; Schema: hookline; Owner: -
+--
+
+CREATE TABLE hookline.handler_problems (
+    provider text NOT NULL,
+    handler text NOT NULL,
+    problem text NOT NULL,
+    worker text NOT NULL,
+    since timestamp with time zone DEFAULT now() NOT NULL
 );
 
 
@@ -1335,6 +1378,14 @@ ALTER TABLE ONLY hookline.endpoints
 
 ALTER TABLE ONLY hookline.entity_states
     ADD CONSTRAINT entity_states_pkey PRIMARY KEY (provider, entity_key);
+
+
+--
+-- Name: handler_problems handler_problems_pkey; Type: CONSTRAINT; Schema: hookline; Owner: -
+--
+
+ALTER TABLE ONLY hookline.handler_problems
+    ADD CONSTRAINT handler_problems_pkey PRIMARY KEY (provider);
 
 
 --
@@ -2216,6 +2267,13 @@ REVOKE ALL ON FUNCTION hookline.publish(event_type text, payload jsonb, aggregat
 --
 
 REVOKE ALL ON FUNCTION hookline.remember_released_name() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION report_handler_problem(provider_name text, handler_path text, problem text, worker_id text); Type: ACL; Schema: hookline; Owner: -
+--
+
+REVOKE ALL ON FUNCTION hookline.report_handler_problem(provider_name text, handler_path text, problem text, worker_id text) FROM PUBLIC;
 
 
 --

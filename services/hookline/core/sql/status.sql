@@ -44,3 +44,11 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) AS last ON true
 ORDER BY e.name;
+
+-- name: handler_problems
+-- Handlers a worker could not import (migration 0027), while the provider's spec still names
+-- that handler: a spec fixed since no longer shows the old problem. One row per provider at most.
+SELECT h.provider, h.handler, h.problem, h.worker, h.since
+FROM hookline.handler_problems AS h
+JOIN hookline.providers AS p ON p.name = h.provider AND p.spec ->> 'handler' = h.handler
+ORDER BY h.provider;
