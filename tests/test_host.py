@@ -22,7 +22,7 @@ from hookline.core.settings import ReceiverSettings, RelaySettings, Settings, Wo
 from hookline.receiver.app import Receiver
 from hookline.relay.service import Relay
 from hookline.worker.service import Worker
-from support.endpoints import wait_for
+from support.waiting import eventually
 
 ENVIRON = {"HOOKLINE_DATABASE_URL": "postgresql://hookline@db/hookline"}
 COMPONENTS: dict[str, list[type[Receiver] | type[Worker] | type[Relay]]] = {
@@ -85,7 +85,7 @@ async def test_one_maintainer_per_scope_and_dedicated_connections_from_the_url(d
                         "partitions": ["partition-manager"],
                         "outbox": ["circuit-counts", "lease-rescuer:hookline.deliveries", "outbox-stats"]}
         assert host.listener is not None and host.pool is not None
-        await wait_for(host.listener.connected.is_set)
+        await eventually(host.listener.connected.is_set, what="the listener connected")
         await asyncio.gather(*(m.leader.wait() for m in host.maintainers))  # the only process: it leads each
         opened = host.pool
 
@@ -93,7 +93,7 @@ async def test_one_maintainer_per_scope_and_dedicated_connections_from_the_url(d
             return await backends(pool, name) == opened.get_size() + 1 + len(host.maintainers)
 
         # Pool connections, the LISTEN and one lease per scope: every backend of this process.
-        await wait_for(all_counted)
+        await eventually(all_counted, what="every backend of this process counted")
     finally:
         await host.stop()
     assert await backends(pool, name) == 0

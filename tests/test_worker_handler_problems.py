@@ -12,8 +12,9 @@ import asyncpg
 import pytest
 
 from hookline.worker.completer import ATTEMPT_LOG_BYTES, bounded
-from support.inbox import apply_provider, create_effect_tables, insert_events, wait_for
+from support.inbox import apply_provider, create_effect_tables, insert_events
 from support.processes import hookline_cli, worker
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -34,9 +35,9 @@ async def test_an_unimportable_handler_waits_counts_no_attempt_and_runs_once_fix
     proc = worker(database_url, log_dir, "--provider", "broken")
     try:
         # Every event it claimed went back: pending, its attempt not counted, the reason on its row.
-        await wait_for(pool, "SELECT count(*) FROM hookline.inbox WHERE provider = 'broken' AND status = 'pending' "
-                             "AND attempts = 0 AND last_error LIKE 'handler ' || $1 || ' cannot be imported: %'",
-                       3, MISSING)
+        put_back = ("SELECT count(*) FROM hookline.inbox WHERE provider = 'broken' AND status = 'pending' "
+                    "AND attempts = 0 AND last_error LIKE 'handler ' || $1 || ' cannot be imported: %'")
+        await eventually(lambda: pool.fetchval(put_back, MISSING), equals=3)
         assert await pool.fetchval("SELECT count(*) FROM hookline.attempts WHERE part = 'broken'") == 0
         assert proc.logs().count("handler cannot be imported") == 1, proc.logs()
 
@@ -50,8 +51,9 @@ async def test_an_unimportable_handler_waits_counts_no_attempt_and_runs_once_fix
             problem.strip().removeprefix("- provider broken: ")]
 
         apply_provider(database_url, "broken", GOOD)  # the fix
-        await wait_for(pool, "SELECT count(*) FROM test_effects WHERE provider = 'broken'", 3)
-        await wait_for(pool, "SELECT count(*) FROM hookline.handler_problems", 0)
+        await eventually(lambda: pool.fetchval("SELECT count(*) FROM test_effects WHERE provider = 'broken'"),
+                         equals=3)
+        await eventually(lambda: pool.fetchval("SELECT count(*) FROM hookline.handler_problems"), equals=0)
     finally:
         proc.stop()
     rows = await pool.fetch("SELECT status, attempts, last_error FROM hookline.inbox WHERE provider = 'broken'")
@@ -69,7 +71,8 @@ async def test_a_failing_handlers_traceback_is_kept_bounded_and_shown(
     [event_id] = await insert_events(pool, "deep", 1)
     proc = worker(database_url, log_dir, "--provider", "deep")
     try:
-        await wait_for(pool, "SELECT status FROM hookline.inbox WHERE provider = 'deep'", "dead")
+        await eventually(lambda: pool.fetchval("SELECT status FROM hookline.inbox WHERE provider = 'deep'"),
+                         equals="dead")
     finally:
         proc.stop()
     # Each failed attempt is one log line with what a person needs.
@@ -123,8 +126,9 @@ async def test_a_cancellation_the_handler_raises_itself_is_its_events_failure(
     await insert_events(pool, "cancel-out", 2)
     proc = worker(database_url, log_dir)
     try:
-        await wait_for(pool, "SELECT count(*) FROM hookline.inbox WHERE status = 'dead' "
-                             "AND last_error = 'gave up after 1 attempts: RuntimeError: CancelledError()'", 7)
+        dead = ("SELECT count(*) FROM hookline.inbox WHERE status = 'dead' "
+                "AND last_error = 'gave up after 1 attempt: RuntimeError: CancelledError()'")
+        await eventually(lambda: pool.fetchval(dead), equals=7)
         assert proc.proc is not None and proc.proc.poll() is None
     finally:
         assert proc.stop() == 0
