@@ -607,6 +607,10 @@ async def test_a_worker_imports_handlers_from_its_import_path(pool: asyncpg.Pool
     (["receiver"], "HOOKLINE_LOG_LEVEL", "loud"),
     (["receiver"], "HOOKLINE_HEADER_TIMEOUT", "soon"),
     (["receiver"], "HOOKLINE_MAX_QUEUED_EVENTS", "0"),
+    (["worker"], "HOOKLINE_IMPORT_PATH", "/no/such/dir"),
+    (["operator", "-n", "team-a"], "HOOKLINE_WORKER_CONNECTION_BUDGET", "lots"),
+    (["operator", "-n", "team-a"], "HOOKLINE_HANDLER_MODULES", "{team-a: nope}"),
+    (["operator", "-n", "team-a"], "HOOKLINE_WORKER_TEMPLATE", "/no/such/template.yaml"),
 ])
 def test_a_bad_variable_is_one_line_naming_it(database_url: str, argv: list[str], variable: str, value: str) -> None:
     """Through the real program: a service started with a bad environment variable says so in one

@@ -11,16 +11,15 @@ connections it frees are recorded only after its Deployment has shrunk.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import asyncpg
 
-from hookline.core import db
+from hookline.core import db, settings
 from hookline_operator.ownership import Resource
 
-BUDGET_ENV = "HOOKLINE_WORKER_CONNECTION_BUDGET"
+BUDGET_ENV = settings.WORKER_CONNECTION_BUDGET
 SQL = "budget.sql"
 
 
@@ -37,16 +36,7 @@ class Grant(NamedTuple):
 
 def configured_budget() -> int | None:
     """Connections all workers may hold together; None when the chart sets no limit."""
-    raw = os.environ.get(BUDGET_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        budget = int(raw)
-    except ValueError:
-        raise ValueError(f"{BUDGET_ENV} must be a whole number of connections, not {raw!r}") from None
-    if budget < 0:
-        raise ValueError(f"{BUDGET_ENV} must not be negative, not {budget}")
-    return budget
+    return settings.worker_connection_budget()
 
 
 def fair_shares(demands: Mapping[str, Demand], budget: int) -> dict[str, int]:

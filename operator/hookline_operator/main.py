@@ -60,12 +60,13 @@ def own_identity() -> str:
 
 def check_settings() -> None:
     """The chart's settings for workers, read once at start so a mistake stops the operator with its
-    message instead of failing every reconciliation."""
+    message (a ConfigError, one line from the CLI) instead of failing every reconciliation."""
+    from hookline.core.config import ConfigError
     from hookline_operator import budget, podtemplate, tenancy
 
     try:
         podtemplate.configured_template()
-        tenancy.configured_handler_modules()
-        budget.configured_budget()
-    except (podtemplate.TemplateError, ValueError) as exc:
-        raise SystemExit(f"hookline operator: {exc}") from None
+    except podtemplate.TemplateError as exc:
+        raise ConfigError(str(exc)) from None
+    tenancy.configured_handler_modules()
+    budget.configured_budget()

@@ -11,17 +11,16 @@ may add no placement at all.
 from __future__ import annotations
 
 import copy
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from hookline.core import pools
+from hookline.core import pools, settings
 from hookline_operator import placement
 
-TEMPLATE_ENV = "HOOKLINE_WORKER_TEMPLATE"
+TEMPLATE_ENV = settings.WORKER_TEMPLATE
 DEFAULT_IMAGE = "ghcr.io/hookline/hookline:0.1.0"
 DEFAULT_CONCURRENCY = 16
 CONTAINER = "worker"
@@ -56,7 +55,7 @@ def default_template() -> WorkerTemplate:
                                 "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
                 "name": CONTAINER,
-                "image": os.environ.get("HOOKLINE_WORKER_IMAGE", DEFAULT_IMAGE),
+                "image": settings.worker_image(DEFAULT_IMAGE),
                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
                               "limits": {"cpu": "1", "memory": "512Mi"}},
                 "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -97,9 +96,10 @@ _cache: dict[str, tuple[float, WorkerTemplate]] = {}
 
 def configured_template() -> WorkerTemplate:
     """The template file named by HOOKLINE_WORKER_TEMPLATE (re-read when it changes), or the defaults."""
-    path = os.environ.get(TEMPLATE_ENV)
-    if not path:
+    configured = settings.worker_template_file()
+    if configured is None:
         return default_template()
+    path = str(configured)
     try:
         mtime = Path(path).stat().st_mtime
     except OSError as exc:

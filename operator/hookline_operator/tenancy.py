@@ -14,8 +14,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
-import os
 import secrets
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Protocol
@@ -23,11 +21,11 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import asyncpg
 
-from hookline.core import db
+from hookline.core import db, settings
 from hookline.core import secrets_at_rest as sealing
 from hookline_operator import resources
 
-HANDLER_MODULES_ENV = "HOOKLINE_HANDLER_MODULES"
+HANDLER_MODULES_ENV = settings.HANDLER_MODULES
 ANY_NAMESPACE = "*"
 SCRAM_ITERATIONS = 4096
 
@@ -184,17 +182,7 @@ async def remove_worker_credentials(conn: asyncpg.Connection | asyncpg.Pool, uid
 
 def configured_handler_modules() -> dict[str, list[str]] | None:
     """operator.handlerModules from the chart; None (no limit) when the operator runs without it."""
-    raw = os.environ.get(HANDLER_MODULES_ENV)
-    if raw is None:
-        return None
-    try:
-        policy = json.loads(raw or "{}")
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{HANDLER_MODULES_ENV} is not JSON: {exc}") from None
-    if not isinstance(policy, dict) or not all(
-            isinstance(v, list) and all(isinstance(p, str) for p in v) for v in policy.values()):
-        raise ValueError(f"{HANDLER_MODULES_ENV} must map namespaces to lists of module prefixes")
-    return policy
+    return settings.handler_modules()
 
 
 def module_allowed(module: str, prefix: str) -> bool:

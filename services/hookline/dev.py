@@ -92,7 +92,7 @@ def _print_welcome(receiver_url: str, database_url: str, registry: ProviderRegis
 
 def _cli_hint(database_url: str) -> str:
     """How another shell's `hookline` reaches this stack: on PATH, and its database."""
-    data_dir = Path(os.environ.get(devstack.DATA_DIR_ENV, devstack.DEFAULT_DATA_DIR))
+    data_dir = devstack.data_dir()
     where = "from this directory" if data_dir == devstack.DEFAULT_DATA_DIR.resolve() else \
         f"with {devstack.DATA_DIR_ENV}={shlex.quote(str(data_dir))}"
     lines = [f"In another shell, {where}, every `hookline` command finds this stack (with "
@@ -107,7 +107,7 @@ def _cli_hint(database_url: str) -> str:
     lines += ["  hookline status", "From anywhere else:",
               f"  export HOOKLINE_DATABASE_URL={shlex.quote(database_url)}",
               f"  export {secrets_at_rest.KEYS_FILE_ENV}="
-              f"{shlex.quote(os.environ.get(secrets_at_rest.KEYS_FILE_ENV, ''))}", ""]
+              f"{shlex.quote(str(keys_file() or ''))}", ""]
     return "\n".join(lines)
 
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from hookline.core import settings
 from hookline.core.config import ConfigError, redact_url
 
-DATABASE_URL_ENV = "HOOKLINE_DATABASE_URL"
-DATA_DIR_ENV = "HOOKLINE_DEV_DATA_DIR"
+DATABASE_URL_ENV = settings.DATABASE_URL
+DATA_DIR_ENV = settings.DEV_DATA_DIR
 DEFAULT_DATA_DIR = Path(".hookline")
 RECORD = "dev-stack.json"
 DEFAULT_RECEIVER_URL = "http://127.0.0.1:8080"
@@ -35,7 +36,7 @@ class DevStack:
 
 def data_dir() -> Path:
     """Where a command looks for the dev stack's record: HOOKLINE_DEV_DATA_DIR, else ``.hookline``."""
-    return Path(os.environ.get(DATA_DIR_ENV, "").strip() or DEFAULT_DATA_DIR)
+    return settings.dev_data_dir(DEFAULT_DATA_DIR)
 
 
 def receiver_url(host: str, port: int) -> str:
@@ -82,7 +83,7 @@ def use_dev_stack() -> str | None:
     """With HOOKLINE_DATABASE_URL unset, point this process at the running dev stack (its database
     and key file); return the line that says so, or None when the environment decides (or there is
     no record). A record whose Postgres does not answer is a ConfigError: a dev that did not stop."""
-    if os.environ.get(DATABASE_URL_ENV, "").strip():
+    if settings.database_url_given():
         return None
     stack = find()
     if stack is None:
@@ -95,7 +96,7 @@ def use_dev_stack() -> str | None:
     from hookline.core.secrets_at_rest import KEYS_FILE_ENV
 
     os.environ[DATABASE_URL_ENV] = stack.database_url
-    if not os.environ.get(KEYS_FILE_ENV, "").strip():
+    if settings.keys_file() is None:
         os.environ[KEYS_FILE_ENV] = stack.secret_keys_file
     return f"hookline: using the hookline dev database of {stack.data_dir} ({redact_url(stack.database_url)})"
 

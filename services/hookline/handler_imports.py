@@ -7,13 +7,12 @@ PYTHONPATH); ``hookline worker`` from the last two. They go first on ``sys.path`
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-from hookline.core.config import ConfigError
+from hookline.core import settings
 
-IMPORT_PATH_ENV = "HOOKLINE_IMPORT_PATH"
+IMPORT_PATH_ENV = settings.IMPORT_PATH
 
 
 def import_dirs(flags: list[Path] | None, *, working_directory: bool) -> list[Path]:
@@ -21,11 +20,7 @@ def import_dirs(flags: list[Path] | None, *, working_directory: bool) -> list[Pa
     the --import-path flags, then HOOKLINE_IMPORT_PATH's. Each must be a directory."""
     dirs = [Path.cwd()] if working_directory else []
     dirs += flags or []
-    from_env = [Path(p) for p in os.environ.get(IMPORT_PATH_ENV, "").split(os.pathsep) if p.strip()]
-    for directory in from_env:
-        if not directory.is_dir():
-            raise ConfigError(f"{IMPORT_PATH_ENV}: {directory} is not a directory")
-    return dirs + from_env
+    return dirs + settings.import_path()
 
 
 def extend_sys_path(dirs: list[Path]) -> None:

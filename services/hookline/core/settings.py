@@ -6,11 +6,13 @@ A bad value raises ``ConfigError`` naming the flag or variable, which the CLI pr
 (exit status 2). The settings are frozen: a component reads its own part (``settings.receiver``,
 ``.worker``, ``.relay``) and the ``Host`` (core/host.py) the rest.
 
-Two are read at each use rather than once: ``HOOKLINE_SECRET_KEYS_FILE`` (``keys_file``, by
-core/secrets_at_rest.py: `hookline dev` names its own file after start-up) and
-``HOOKLINE_HANDLER_SEARCH_PATH`` (``handler_search_path``, when worker/processing.py is imported).
-The operator's variables are the operator's (operator/hookline_operator). This module imports
-nothing heavy: the parser (cli.py) reads its defaults.
+Some are read at each use rather than once, each by its own function here: ``HOOKLINE_SECRET_KEYS_FILE``
+(``keys_file``, by core/secrets_at_rest.py: `hookline dev` names its own file after start-up),
+``HOOKLINE_HANDLER_SEARCH_PATH`` (``handler_search_path``, when worker/processing.py is imported),
+the CLI's ``HOOKLINE_IMPORT_PATH`` and ``HOOKLINE_DEV_DATA_DIR``, and the operator's worker settings
+(``worker_image``, ``worker_template_file``, ``worker_connection_budget``, ``handler_modules``: the
+chart may change the files behind them while the operator runs). This module imports nothing heavy:
+the parser (cli.py) reads its defaults.
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ DESTINATION_SECRET_FILE = "HOOKLINE_DESTINATION_SECRET_FILE"
 HANDLER_SEARCH_PATH = "HOOKLINE_HANDLER_SEARCH_PATH"
 ALLOW_PRIVATE_NETWORKS = "HOOKLINE_ALLOW_PRIVATE_NETWORKS"
 KEYS_FILE = "HOOKLINE_SECRET_KEYS_FILE"
+IMPORT_PATH = "HOOKLINE_IMPORT_PATH"
+DEV_DATA_DIR = "HOOKLINE_DEV_DATA_DIR"
+# The operator's, from the chart: its workers' image, pod template, connection budget, handler modules.
+WORKER_IMAGE = "HOOKLINE_WORKER_IMAGE"
+WORKER_TEMPLATE = "HOOKLINE_WORKER_TEMPLATE"
+WORKER_CONNECTION_BUDGET = "HOOKLINE_WORKER_CONNECTION_BUDGET"
+HANDLER_MODULES = "HOOKLINE_HANDLER_MODULES"
 # The receiver's limits (ReceiverSettings fields) and the variable each flag's default comes from.
 RECEIVER_LIMITS = {
     "header_timeout": "HOOKLINE_HEADER_TIMEOUT",
@@ -141,6 +150,68 @@ def handler_search_path(environ: Environ = os.environ) -> str:
     if not _SCHEMA_LIST.fullmatch(value):
         raise ConfigError(f"{HANDLER_SEARCH_PATH} must be a list of schema names, not {value!r}")
     return value
+
+
+def import_path(environ: Environ = os.environ) -> list[Path]:
+    """HOOKLINE_IMPORT_PATH: more directories to import handler modules from (os.pathsep apart)."""
+    dirs = [Path(p) for p in environ.get(IMPORT_PATH, "").split(os.pathsep) if p.strip()]
+    for directory in dirs:
+        if not directory.is_dir():
+            raise ConfigError(f"{IMPORT_PATH}: {directory} is not a directory")
+    return dirs
+
+
+def dev_data_dir(default: Path, environ: Environ = os.environ) -> Path:
+    """HOOKLINE_DEV_DATA_DIR: where the CLI looks for the running `hookline dev`'s record."""
+    return Path(environ.get(DEV_DATA_DIR, "").strip() or default)
+
+
+def database_url_given(environ: Environ = os.environ) -> bool:
+    """Whether HOOKLINE_DATABASE_URL is set (else the CLI may use the running `hookline dev`)."""
+    return bool(environ.get(DATABASE_URL, "").strip())
+
+
+def worker_image(default: str, environ: Environ = os.environ) -> str:
+    """HOOKLINE_WORKER_IMAGE: the image of the operator's worker Deployments (without a template)."""
+    return environ.get(WORKER_IMAGE, "").strip() or default
+
+
+def worker_template_file(environ: Environ = os.environ) -> Path | None:
+    """HOOKLINE_WORKER_TEMPLATE: the file with the workers' pod template (the chart mounts it)."""
+    configured = environ.get(WORKER_TEMPLATE, "").strip()
+    return Path(configured) if configured else None
+
+
+def worker_connection_budget(environ: Environ = os.environ) -> int | None:
+    """HOOKLINE_WORKER_CONNECTION_BUDGET: connections all workers may hold together; None: no limit."""
+    raw = environ.get(WORKER_CONNECTION_BUDGET, "").strip()
+    if not raw:
+        return None
+    try:
+        budget = int(raw)
+    except ValueError:
+        raise ConfigError(f"{WORKER_CONNECTION_BUDGET} must be a whole number of connections, not {raw!r}") from None
+    if budget < 0:
+        raise ConfigError(f"{WORKER_CONNECTION_BUDGET} must not be negative, not {budget}")
+    return budget
+
+
+def handler_modules(environ: Environ = os.environ) -> dict[str, list[str]] | None:
+    """HOOKLINE_HANDLER_MODULES (the chart's operator.handlerModules): which module prefixes each
+    namespace's handlers may name, as JSON; None (no limit) when unset."""
+    import json
+
+    raw = environ.get(HANDLER_MODULES)
+    if raw is None:
+        return None
+    try:
+        policy = json.loads(raw or "{}")
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{HANDLER_MODULES} is not JSON: {exc}") from None
+    if not isinstance(policy, dict) or not all(
+            isinstance(v, list) and all(isinstance(p, str) for p in v) for v in policy.values()):
+        raise ConfigError(f"{HANDLER_MODULES} must map namespaces to lists of module prefixes")
+    return policy
 
 
 # --- the settings ---------------------------------------------------------------------------------
