@@ -44,8 +44,9 @@ def set_condition(conditions: list[dict[str, Any]], type: str, status: bool, rea
 
 
 
-def ready_reason(obs: Observation) -> tuple[bool, str, str]:
-    """Ready, with the most useful reason first: what the user has to fix."""
+def ready_reason(obs: Observation, handler_problem: str | None = None) -> tuple[bool, str, str]:
+    """Ready, with the most useful reason first: what the user has to fix. ``handler_problem``:
+    why the provider's workers cannot import its handler (their events wait, attempts not counted)."""
     if obs.secret.reason == "ResourceConflict":
         return False, "ResourceConflict", obs.secret.message
     if obs.sync.reason == "NameConflict":
@@ -58,14 +59,17 @@ def ready_reason(obs: Observation) -> tuple[bool, str, str]:
         return False, obs.sync.reason, obs.sync.message
     if not obs.workers.ok:
         return False, obs.workers.reason, obs.workers.message
+    if handler_problem:
+        return False, "HandlerNotImportable", f"{handler_problem}; its events wait, their attempts not counted"
     return True, "Reconciled", "provider is accepting and processing events"
 
 
-def compose(previous: Conditions, obs: Observation, scaling: ScalingOutcome | None, generation: int) -> Conditions:
+def compose(previous: Conditions, obs: Observation, scaling: ScalingOutcome | None, generation: int,
+            handler_problem: str | None = None) -> Conditions:
     conditions = set_condition(previous, "SecretReady", obs.secret.ready, obs.secret.reason, obs.secret.message,
                                generation)
     conditions = set_condition(conditions, "Synced", obs.sync.synced, obs.sync.reason, obs.sync.message, generation)
-    ready, reason, message = ready_reason(obs)
+    ready, reason, message = ready_reason(obs, handler_problem)
     conditions = set_condition(conditions, "Ready", ready, reason, message, generation)
     if scaling is not None:
         conditions = set_condition(conditions, "Scaling", scaling.ok, scaling.reason, scaling.message, generation)
@@ -87,7 +91,8 @@ def new_conflicts(before: Conditions, after: Conditions) -> list[tuple[str, str]
     not one per tick."""
     ready_after = next((c for c in after if c.get("type") == "Ready"), None)
     if ready_after is None or ready_after.get("reason") not in ("NameConflict", "ResourceConflict",
-                                                                "HandlerNotAllowed", "PlacementNotAllowed"):
+                                                                "HandlerNotAllowed", "PlacementNotAllowed",
+                                                                "HandlerNotImportable"):
         return []
     ready_before = next((c for c in before if c.get("type") == "Ready"), {})
     if (ready_before.get("reason"), ready_before.get("message")) == (ready_after["reason"], ready_after["message"]):

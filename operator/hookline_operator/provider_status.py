@@ -34,7 +34,7 @@ async def sync_status(body: kopf.Body, spec: dict[str, Any], status_now: dict[st
                                      RESYNC_EVERY_TICKS * memo.interval)
     except db.DATABASE_ERRORS as exc:
         after = database_unavailable(before, f"cannot reach Postgres ({type(exc).__name__})",
-                                            state.scaling, res.generation)
+                                     state.scaling, res.generation)
         write_changed(patch, status_now, {"conditions": after})
         return
     if observation.sync.claim is not None and observation.sync.claim.state is not ClaimState.RETRY:
@@ -42,14 +42,16 @@ async def sync_status(body: kopf.Body, spec: dict[str, Any], status_now: dict[st
         leases.note_ownership(memo, res, spec, state.claim.owned)
     if observation.sync.verified is not None or not observation.sync.synced or not observation.workers.ok:
         state.last_sync = observation.sync.verified
-    after = compose(before, observation, state.scaling, res.generation)
+    snapshot = memo.stats.fresh(memo.interval)
+    owned = state.claim is not None and state.claim.owned
+    problem = snapshot.handler_problems.get(res.name) if snapshot is not None and owned else None
+    after = compose(before, observation, state.scaling, res.generation, problem)
     after = rotation_condition(after, body, status_now, res.generation)
     for reason, message in new_conflicts(before, after):
         announce(body, reason, message, warning=True)
         if reason == "NameConflict" and state.claim is not None:
             log_name_conflict(res, state.claim)
     fields: dict[str, Any] = {"conditions": after, "observedGeneration": res.generation}
-    snapshot = memo.stats.fresh(memo.interval)
     if state.claim is not None and not state.claim.owned:
         fields.update(stats.NOT_REPORTED)  # never another owner's numbers
     elif snapshot is not None:

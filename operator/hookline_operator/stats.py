@@ -15,7 +15,7 @@ from typing import Any
 
 import asyncpg
 
-from hookline.core import inbox_stats, metrics
+from hookline.core import db, inbox_stats, metrics
 from hookline.core.db import DATABASE_ERRORS
 from hookline.core.inbox_stats import NO_EVENTS, ProviderStats, provider_stats
 from hookline.core.maintenance import Job
@@ -29,6 +29,8 @@ STALE_AFTER_INTERVALS = 3
 class Snapshot:
     taken_at: float  # time.monotonic()
     providers: dict[str, ProviderStats]
+    # provider -> why a worker cannot import its handler (hookline.handler_problems, migration 0027)
+    handler_problems: dict[str, str] = field(default_factory=dict)
 
     def of(self, provider: str) -> ProviderStats:
         return self.providers.get(provider, NO_EVENTS)
@@ -55,13 +57,16 @@ async def refresh(pool: asyncpg.Pool, cache: StatsCache) -> None:
     metrics.operator_stats_queries.inc()
     try:
         providers = await provider_stats(pool)
+        # A few rows at most (one per provider whose handler does not import): no cost per provider.
+        problems = {r["provider"]: f"handler {r['handler']} cannot be imported ({r['problem']})"
+                    for r in await pool.fetch(db.query("handler_problems", "status.sql"))}
     except DATABASE_ERRORS as exc:
         cache.error = f"cannot read the inbox statistics ({type(exc).__name__})"
         log.warning("inbox statistics unavailable", extra={"error": str(exc)})
         metrics.operator_dependency_up.labels("postgres").set(0)
         return
     metrics.operator_dependency_up.labels("postgres").set(1)
-    cache.latest = Snapshot(time.monotonic(), providers)
+    cache.latest = Snapshot(time.monotonic(), providers, problems)
     cache.refreshes += 1
     publish_metrics(providers, cache.published)
     log.debug("inbox statistics refreshed", extra={"providers": len(providers)})

@@ -246,3 +246,20 @@ def test_the_operator_names_itself_as_a_user_with_no_passwd_entry() -> None:
         answer = answer_pipe.read().decode()
     os.waitpid(child, 0)
     assert answer == f"{uid}@{socket.gethostname()}"
+
+
+SYNCED = SyncState(True, "Synced", "ok", Claim(ClaimState.OWNED))
+
+
+def test_a_handler_that_does_not_import_is_the_ready_reason_after_the_conflicts() -> None:
+    problem = "handler team.hooks:on cannot be imported (ModuleNotFoundError: No module named 'team')"
+    ready, reason, message = ready_reason(observation(SYNCED), problem)
+    assert (ready, reason) == (False, "HandlerNotImportable") and message.startswith(problem)
+    assert ready_reason(observation(SYNCED), None)[:2] == (True, "Reconciled")
+    conflicted = observation(SyncState(False, "NameConflict", "provider name stripe is taken", None))
+    assert ready_reason(conflicted, problem)[1] == "NameConflict"  # what the user must fix first
+    before = compose([], observation(SYNCED), None, 1)
+    after = compose(before, observation(SYNCED), None, 1, problem)
+    assert new_conflicts(before, after) == [("HandlerNotImportable", next(
+        c["message"] for c in after if c["type"] == "Ready"))]
+    assert new_conflicts(after, compose(after, observation(SYNCED), None, 1, problem)) == []  # one Event, not per tick

@@ -136,3 +136,29 @@ async def test_future_retries_are_reported_apart_and_scale_nothing(apiserver, na
     assert status["retrying"] == 0 and status["oldestPendingSeconds"] >= 30
     await eventually(lambda: get(apiserver, namespace, "deployment", "signals-worker")["spec"]["replicas"] == 3,
                      what="3 replicas for 250 due events")
+
+
+async def test_a_handler_its_workers_cannot_import_is_the_ready_reason(apiserver, namespace, operator,
+                                                                      pool) -> None:
+    """A worker that cannot import the provider's handler records it (hookline.report_handler_problem,
+    as the worker calls it); Ready says so, with one Warning Event, and is True again once it imports."""
+    handler = "team_hooks.payments:on_event"
+    apply(apiserver, namespace, PROVIDER.replace('destination: {url: "http://payments.internal/hooks"}',
+                                                 f'handler: "{handler}"'))
+    await eventually(lambda: condition(get(apiserver, namespace, "whp", "signals"), "Ready").get("status") == "True",
+                     what="Ready before any problem")
+    await pool.execute("SELECT hookline.report_handler_problem('signals', $1, $2, 'worker-1')", handler,
+                       "ModuleNotFoundError: No module named 'team_hooks'")
+    ready = await eventually(lambda: (c := condition(get(apiserver, namespace, "whp", "signals"), "Ready"))
+                             and c.get("reason") == "HandlerNotImportable" and c,
+                             what="Ready=False, HandlerNotImportable")
+    assert ready["status"] == "False"
+    assert f"handler {handler} cannot be imported (ModuleNotFoundError: No module named 'team_hooks')" \
+        in ready["message"], ready
+    await eventually(lambda: "HandlerNotImportable" in apiserver.kubectl("get", "events", "-n", namespace,
+                                                                          "-o", "json").stdout,
+                     what="one Warning Event")
+
+    await pool.execute("SELECT hookline.report_handler_problem('signals', $1, NULL, 'worker-1')", handler)
+    await eventually(lambda: condition(get(apiserver, namespace, "whp", "signals"), "Ready").get("status") == "True",
+                     what="Ready again once the handler imports")
