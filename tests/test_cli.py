@@ -147,6 +147,7 @@ BAD_ARGUMENTS = [
     (["worker", "--concurrency", "many"], "hookline worker", "invalid int value: 'many'"),
     (["worker", "--poll-interval"], "hookline worker", "expected one argument"),
     (["receiver", "--header-timeout", "0"], "hookline receiver", "'0' must be greater than 0"),
+    (["operator", "-n", "team-a", "--interval", "0"], "hookline operator", "'0' must be greater than 0"),
     (["receiver", "--max-queued-events", "1.5"], "hookline receiver", "'1.5' is not an integer"),
     (["receiver", "--workers", "4"], "hookline", "unrecognized arguments: --workers 4"),
     (["relay", "--breaker-failure-rate", "most"], "hookline relay", "invalid float value: 'most'"),

@@ -10,13 +10,15 @@ import socket
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from hookline.cli import _positive  # the CLI's number checks (a usage error, not a traceback)
+
     p.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NS",
                    help="watch this namespace (repeatable; like kopf run)")
     p.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                    help="where to serve /healthz (and /readyz, /metrics on the same port), as kopf run's "
                         "liveness URL (default http://0.0.0.0:8080/healthz; empty: no HTTP server)")
-    p.add_argument("--interval", type=float, default=10.0,
+    p.add_argument("--interval", type=_positive(float), default=10.0,
                    help="seconds between status refreshes, scaling decisions and lease sweeps (default 10)")
     p.add_argument("--peering", action="store_true",
                    help="use kopf peering (needs KopfPeering RBAC); the default is standalone: run one replica")
