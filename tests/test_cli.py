@@ -160,7 +160,7 @@ BAD_ARGUMENTS = [
     (["providers", "remove", "x"], "hookline providers", "invalid choice: 'remove'"),
     (["operator"], "hookline operator",
      "say which namespaces to watch: --namespace NS (repeatable) or --all-namespaces"),
-    (["operator", "--interval", "often", "-A"], "hookline operator", "invalid float value: 'often'"),
+    (["operator", "--interval", "often", "-A"], "hookline operator", "'often' is not a number"),
     (["events", "list", "--limit", "-5"], "hookline events list", "'-5' must be greater than 0"),
     (["dlq", "list", "--limit", "0"], "hookline dlq list", "'0' must be greater than 0"),
     (["deliveries", "list", "--limit", "-5"], "hookline deliveries list", "'-5' must be greater than 0"),
