@@ -90,16 +90,8 @@ def env_flag(name: str, default: bool = False, environ: Environ = os.environ) ->
 
 
 def _positive(name: str, default: float, environ: Environ) -> float:
-    raw = environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number of hours or days, not {raw!r}") from None
-    if not value > 0:
-        raise ConfigError(f"{name} must be greater than 0, not {raw!r}")
-    return value
+    """A number of hours or days from its variable: greater than 0."""
+    return float(_limit(name, float(default), environ))
 
 
 def keys_file(environ: Environ = os.environ) -> Path | None:
@@ -110,7 +102,8 @@ def keys_file(environ: Environ = os.environ) -> Path | None:
 
 
 def _limit(name: str, default: int | float, environ: Environ) -> int | float:
-    """A receiver limit from its variable (a flag given on the command line wins)."""
+    """A number greater than 0 from its variable, of ``default``'s type; unset: ``default``
+    (for a receiver limit, a flag given on the command line wins)."""
     raw = environ.get(name, "").strip()
     if not raw:
         return default
