@@ -73,7 +73,7 @@ async def list_events(conn: asyncpg.Connection, *, provider: str | None = None, 
     if status is not None and status not in STATUSES:
         raise HistoryError(f"--status must be one of {', '.join(STATUSES)}, not {status!r}")
     rows = await conn.fetch(db.query("list_events", "history.sql"), provider, status, since, limit)
-    return _table(("ID", "PROVIDER", "EVENT ID", "TYPE", "STATUS", "ATTEMPTS", "RECEIVED AT", "LAST ERROR"),
+    return table(("ID", "PROVIDER", "EVENT ID", "TYPE", "STATUS", "ATTEMPTS", "RECEIVED AT", "LAST ERROR"),
                   [(str(r["id"]), r["provider"], r["event_id"], r["event_type"] or "-", r["status"],
                     str(r["attempts"]), _time(r["received_at"]), (r["last_error"] or "")[:80]) for r in rows],
                   right={0, 5})
@@ -88,7 +88,7 @@ async def list_deliveries(conn: asyncpg.Connection, *, endpoint: str | None = No
     if status is not None and status not in DELIVERY_STATUSES:
         raise HistoryError(f"--status must be one of {', '.join(DELIVERY_STATUSES)}, not {status!r}")
     rows = await conn.fetch(db.query("list_deliveries", "history.sql"), endpoint, status, limit)
-    return _table(("ID", "ENDPOINT", "EVENT ID", "TYPE", "STATUS", "ATTEMPTS", "CREATED AT", "LAST ANSWER"),
+    return table(("ID", "ENDPOINT", "EVENT ID", "TYPE", "STATUS", "ATTEMPTS", "CREATED AT", "LAST ANSWER"),
                   [(str(r["id"]), r["endpoint"], r["event_id"], r["event_type"], r["status"], str(r["attempts"]),
                     _time(r["created_at"]), _last_answer(r["last_status"], r["last_error"])) for r in rows],
                   right={0, 5})
@@ -204,7 +204,7 @@ def _attempt_lines(attempts: list[dict[str, Any]]) -> list[str]:
         return ["attempts: none logged"]
     rows = [(str(a["attempt"]), a["at"], a["outcome"], a["worker"] or "-", str(a["http_status"] or "-"),
              _milliseconds(a["latency_ms"]), (a["error"] or "").partition("\n")[0][:120]) for a in attempts]
-    header, *lines = _table(("#", "AT", "OUTCOME", "WORKER", "HTTP", "MS", "ERROR"), rows, right={0, 4, 5},
+    header, *lines = table(("#", "AT", "OUTCOME", "WORKER", "HTTP", "MS", "ERROR"), rows, right={0, 4, 5},
                             indent="  ", min_widths={0: 3})
     # A replay starts the count again: say so where it does, or "1" after "3" reads as a mistake.
     for at in reversed([i for i in range(1, len(attempts)) if attempts[i]["attempt"] <= attempts[i - 1]["attempt"]]):
@@ -218,7 +218,12 @@ def _attempt_lines(attempts: list[dict[str, Any]]) -> list[str]:
     return ["attempts:", header, *lines]
 
 
-def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], *, right: set[int], indent: str = "",
+def died_at(when: datetime | None) -> str:
+    """When a dead letter died, to the second, for the dead-letter tables."""
+    return when.isoformat(timespec="seconds") if when else "-"
+
+
+def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], *, right: set[int], indent: str = "",
            min_widths: dict[int, int] | None = None) -> list[str]:
     """A header and rows, each column as wide as its widest cell (``right``: right-aligned columns), two
     spaces apart; the last column is not padded."""

@@ -7,6 +7,7 @@ from datetime import datetime
 import asyncpg
 
 from hookline import outbox
+from hookline.core.history import died_at, table
 from hookline.core.queue import OUTBOX
 
 
@@ -20,12 +21,9 @@ async def dlq_outbox(conn: asyncpg.Connection, action: str, *, endpoint: str | N
     """
     if action == "list":
         rows = await conn.fetch(outbox.query("list_dead_deliveries"), endpoint, since, until, limit)
-        lines = [f"{'ENDPOINT':<20} {'EVENT ID':<36} {'TYPE':<28} {'ATTEMPTS':>8}  {'DIED AT':<25} LAST ERROR"]
-        for r in rows:
-            died = r["processed_at"].isoformat(timespec="seconds") if r["processed_at"] else "-"
-            lines.append(f"{r['endpoint']:<20} {r['event_id']:<36} {r['event_type']:<28} {r['attempts']:>8}  "
-                         f"{died:<25} {(r['last_error'] or '')[:100]}")
-        return lines
+        return table(("ENDPOINT", "EVENT ID", "TYPE", "ATTEMPTS", "DIED AT", "LAST ERROR"),
+                     [(r["endpoint"], r["event_id"], r["event_type"], str(r["attempts"]), died_at(r["processed_at"]),
+                       (r["last_error"] or "")[:100]) for r in rows], right={3})
     if action != "replay":
         raise ValueError(f"unknown dlq action {action!r}")
     counts = await OUTBOX.replay_dead(conn, endpoint, since, until)

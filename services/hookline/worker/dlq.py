@@ -9,18 +9,16 @@ from __future__ import annotations
 import asyncpg
 
 from hookline.core import db
+from hookline.core.history import died_at, table
 from hookline.core.queue import INBOX
 
 
 async def list_dead(conn: asyncpg.Connection, provider: str | None = None, limit: int = 50) -> list[str]:
     """The newest dead events (of one provider, or all) as lines to print."""
     rows = await conn.fetch(db.query("list_dead_events"), provider, limit)
-    lines = [f"{'PROVIDER':<16} {'EVENT ID':<36} {'TYPE':<28} {'ATTEMPTS':>8}  DIED AT                    ERROR"]
-    for r in rows:
-        died = r["processed_at"].isoformat(timespec="seconds") if r["processed_at"] else "-"
-        lines.append(f"{r['provider']:<16} {r['event_id']:<36} {(r['event_type'] or '-'):<28} "
-                     f"{r['attempts']:>8}  {died:<26} {(r['last_error'] or '')[:100]}")
-    return lines
+    return table(("PROVIDER", "EVENT ID", "TYPE", "ATTEMPTS", "DIED AT", "ERROR"),
+                 [(r["provider"], r["event_id"], r["event_type"] or "-", str(r["attempts"]), died_at(r["processed_at"]),
+                   (r["last_error"] or "")[:100]) for r in rows], right={3})
 
 
 async def replay_dead(conn: asyncpg.Connection, provider: str | None = None,
