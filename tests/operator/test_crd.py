@@ -294,9 +294,10 @@ def test_rbac_applies_to_service_account_tokens(apiserver: ApiServer, namespace:
         "create", "rolebinding", "whp-reader", *ns, "--role=whp-reader", f"--serviceaccount={namespace}:reader"
     )
     # The RBAC authorizer learns about new bindings through a watch: allow it a moment.
-    def read_as_the_reader() -> None:
+    def read_as_the_reader() -> bool:
         allowed = apiserver.kubectl("get", "whp", "-n", namespace, token=token, check=False)
         assert allowed.returncode == 0, allowed.stderr
+        return True
 
     eventually_sync(read_as_the_reader, timeout=10, interval=0.2, what="the reader's new binding in effect")
     # The static admin token works too (for clients that cannot present a client certificate).

@@ -81,8 +81,8 @@ async def test_a_namespace_holds_no_credential_for_another_namespace(apiserver: 
         whp_a, whp_b = await ready(apiserver, team_a, pa), await ready(apiserver, team_b, pb)
 
         # The workers' credential: an owned Secret their Deployment reads, a role of its own.
-        credential = await eventually(lambda: secrets_in(apiserver, team_a).get(f"{pa}-hookline-database"),
-                                      what="the workers' database Secret")["url"]
+        credential = (await eventually(lambda: secrets_in(apiserver, team_a).get(f"{pa}-hookline-database"),
+                                       what="the workers' database Secret"))["url"]
         assert owner_uid(apiserver, team_a, f"{pa}-hookline-database") == whp_a["metadata"]["uid"]
         assert urlsplit(credential).username != urlsplit(database_url).username
         deployment = kget(apiserver, team_a, "deployment", f"{pa}-worker")
@@ -90,8 +90,8 @@ async def test_a_namespace_holds_no_credential_for_another_namespace(apiserver: 
         assert env["HOOKLINE_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == f"{pa}-hookline-database"
 
         # The destination signing secret: an owned Secret holding what the workers sign with.
-        destination = await eventually(lambda: secrets_in(apiserver, team_b).get(f"{pb}-destination-secret"),
-                                       what="the destination Secret")["secret"]
+        destination = (await eventually(lambda: secrets_in(apiserver, team_b).get(f"{pb}-destination-secret"),
+                                        what="the destination Secret"))["secret"]
         assert owner_uid(apiserver, team_b, f"{pb}-destination-secret") == whp_b["metadata"]["uid"]
         assert destination == stored_destination_secret(configured_ring(), pb, await pool.fetchval(
             "SELECT destination_secret FROM hookline.providers WHERE name = $1", pb))
@@ -99,8 +99,8 @@ async def test_a_namespace_holds_no_credential_for_another_namespace(apiserver: 
         assert all(destination not in e for e in event_lines(apiserver, team_b))
         assert f"{pa}-destination-secret" not in secrets_in(apiserver, team_a)  # a handler signs nothing
         # Its workers read it from that Secret, mounted; they never get the key to the stored secrets.
-        pod_b = await eventually(lambda: kget(apiserver, team_b, "deployment", f"{pb}-worker"),
-                                 what="the destination provider's workers")["spec"]["template"]["spec"]
+        pod_b = (await eventually(lambda: kget(apiserver, team_b, "deployment", f"{pb}-worker"),
+                                  what="the destination provider's workers"))["spec"]["template"]["spec"]
         env_b = {e["name"]: e.get("value") for e in pod_b["containers"][0]["env"]}
         assert env_b["HOOKLINE_DESTINATION_SECRET_FILE"] == "/etc/hookline/destination/secret"
         assert "HOOKLINE_SECRET_KEYS_FILE" not in env_b and "HOOKLINE_SECRET_KEYS_FILE" not in env
