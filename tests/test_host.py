@@ -17,7 +17,8 @@ import pytest
 from hookline.cli import build_parser
 from hookline.core import pools
 from hookline.core.embedded import free_port
-from hookline.core.host import Host
+from hookline.core.host import Connections, Host, Wiring
+from hookline.core.maintenance import Job
 from hookline.core.settings import ReceiverSettings, RelaySettings, Settings, WorkerSettings
 from hookline.receiver.app import Receiver
 from hookline.relay.service import Relay
@@ -134,3 +135,43 @@ def test_hookline_dev_runs_the_whole_stack_and_stops_on_ctrl_c(tmp_path: Path) -
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+class StopFails:
+    """A component whose stop raises: the Host must still stop everything else."""
+
+    stopped: list[str] = []
+
+    @classmethod
+    def connections(cls, settings: Settings) -> Connections:
+        return Connections(pools.LISTEN + 2)
+
+    @classmethod
+    def create(cls, wiring: Wiring) -> StopFails:
+        return cls()
+
+    def jobs(self) -> list[tuple[str, Job]]:
+        return []
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        StopFails.stopped.append("failing")
+        raise RuntimeError("cannot stop")
+
+
+class StopsCleanly(StopFails):
+    async def stop(self) -> None:
+        StopFails.stopped.append("clean")
+
+
+async def test_one_part_that_fails_to_stop_does_not_keep_the_others_open(database_url: str,
+                                                                          pool: asyncpg.Pool) -> None:
+    name = "host-stop-test"
+    host = Host(Settings(f"{database_url}?application_name={name}"), [StopsCleanly, StopFails])  # type: ignore[list-item]
+    await host.start()
+    assert await backends(pool, name) > 0
+    await host.stop()
+    assert StopFails.stopped == ["failing", "clean"]  # the reverse order, and on past the failure
+    await eventually(lambda: backends(pool, name), equals=0, what="no connection left open")

@@ -19,6 +19,7 @@ ops server answers /healthz while the components drain).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,8 @@ from hookline.core.providers import ProviderRegistry
 from hookline.core.settings import Settings
 
 C = TypeVar("C")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -156,8 +159,13 @@ class Host:
                 for scope, jobs in by_scope.items() if jobs]
 
     async def stop(self) -> None:
+        # One part that fails to stop must not keep the others (and the pool) open.
         while self._running:
-            await self._running.pop().stop()
+            part = self._running.pop()
+            try:
+                await part.stop()
+            except Exception:
+                log.exception("stopping failed; stopping the rest", extra={"part": type(part).__name__})
         if self._ops is not None:
             await self._ops.cleanup()
             self._ops = None
