@@ -9,12 +9,13 @@ HOOKLINE_REQUIRE_CLUSTER=1 (CI), which makes that a failure. Every test here car
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from support.tools import unavailable
 
 HERE = Path(__file__).resolve().parent
 # tests/ is not a package; make tests/cluster/cluster.py importable from here.
@@ -44,9 +45,7 @@ def cluster() -> Iterator[Cluster]:
     missing = missing_parts()
     if missing:
         message = f"no local cluster: missing {'; '.join(missing)}. {ENABLE_ADVICE}"
-        if os.environ.get("HOOKLINE_REQUIRE_CLUSTER") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(message, "HOOKLINE_REQUIRE_CLUSTER")
     with Cluster(find_parts()) as running:
         _running.append(running)
         yield running  # stopped by pytest_runtest_teardown, or here when the session ends first

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pytest
+from support.tools import unavailable
 
 # Keep in sync with HELM_DOCS_VERSION in tests/chart/build-helm-docs.sh: it names the cache folder.
 HELM_DOCS_VERSION = "1.14.2"
@@ -39,9 +39,7 @@ def require_binary() -> Path:
     covers every Kubernetes tool built from the Go module proxy."""
     binary = find_binary()
     if binary is None:
-        if os.environ.get("HOOKLINE_REQUIRE_K8S") == "1":
-            pytest.fail(ADVICE)
-        pytest.skip(ADVICE)
+        unavailable(ADVICE, "HOOKLINE_REQUIRE_K8S")
     return binary
 
 

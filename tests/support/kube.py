@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 # tests/envtest is not a package; make its apiserver module importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envtest"))
 
 from apiserver import ApiServer, find_assets
+
+from support.tools import unavailable
 
 ADVICE = (
     "no kube-apiserver/etcd/kubectl found: run `make envtest` to build them once "
@@ -29,9 +28,7 @@ def require_assets() -> Path:
     """The envtest binaries; without them the test is skipped, or fails when HOOKLINE_REQUIRE_K8S=1."""
     assets = find_assets()
     if assets is None:
-        if os.environ.get("HOOKLINE_REQUIRE_K8S") == "1":
-            pytest.fail(ADVICE)
-        pytest.skip(ADVICE)
+        unavailable(ADVICE, "HOOKLINE_REQUIRE_K8S")
     return assets
 
 

@@ -19,10 +19,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-import pytest
 import yaml
 
 from hookline.core.embedded import free_port
+from support.tools import unavailable
 from support.waiting import eventually_sync
 
 # Keep in sync with PROMETHEUS_VERSION in tests/monitoring/build-prometheus.sh: it names the cache folder.
@@ -54,9 +54,7 @@ def require_binaries() -> dict[str, Path]:
     """The binaries; without them the test is skipped, or fails when HOOKLINE_REQUIRE_PROMETHEUS=1."""
     found = find_binaries()
     if found is None:
-        if os.environ.get("HOOKLINE_REQUIRE_PROMETHEUS") == "1":
-            pytest.fail(ADVICE)
-        pytest.skip(ADVICE)
+        unavailable(ADVICE, "HOOKLINE_REQUIRE_PROMETHEUS")
     return found
 
 
