@@ -218,8 +218,7 @@ def test_helm_install_to_uninstall(cluster: Cluster, database: tuple[str, str], 
         bodies = [{"id": event_id, "fail": n < FAILING} for n, event_id in enumerate(ids)]
         # The receiver learns of a new provider from the database a moment after the operator stores it.
         answers = [eventually_sync(lambda: send(port, signing_secret, bodies[0]),
-                                   what="the receiver to know the provider",
-                                    timeout=WAIT)]
+                                   what="the receiver to know the provider", timeout=WAIT)]
         answers += [send(port, signing_secret, body) for body in bodies[1:]]
         assert [(status, answer["status"]) for status, answer in answers] == [(200, "accepted")] * EVENTS, answers
 
