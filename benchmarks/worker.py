@@ -256,7 +256,7 @@ def ceiling_script(provider: str, batch: int) -> str:
         return re.sub(r"\$(\d+)", lambda m: values[m.group(1)], body).strip().rstrip(";")
 
     worker = "'pgbench-ceiling'"
-    claim = bind(INBOX.sql("claim"), {"1": f"'{provider}'", "2": str(batch), "3": worker, "4": "60"})
+    claim = bind(INBOX.sql("claim"), {"1": f"'{provider}'", "2": str(batch), "3": worker, "4": "60", "5": "NULL"})
     complete = bind(INBOX.sql("complete"), {"1": ":ids", "2": ":atts", "3": worker})
     return (f"WITH claimed AS (\n{claim}\n)\n"
             "SELECT coalesce(array_agg(id), '{}') AS ids, coalesce(array_agg(attempts), '{}') AS atts "

@@ -19,6 +19,7 @@ import pytest
 
 from hookline.core import db, migrations, secrets_at_rest
 from hookline.core.embedded import EmbeddedPostgres
+from hookline.core.queue import INBOX, OUTBOX
 from support.postgres import TEMPLATE, PgServer, with_database
 
 # Signing secrets are encrypted at rest and every path that writes or reads one needs the key file:
@@ -67,6 +68,15 @@ async def database_url(pg_server: PgServer) -> AsyncIterator[str]:
         yield pg_server.url_for(name)
     finally:
         await pg_server.drop_database(name)
+
+
+@pytest.fixture(autouse=True)
+def fresh_claim_floors() -> None:
+    """Each test's in-process claims start without a floor (core/queue.py ClaimFloors): a floor is this
+    process's memory of where its last claim of a partition began, and tests reuse partition names
+    across databases, where it means nothing (in a service it is found again within a second)."""
+    INBOX.floors.clear()
+    OUTBOX.floors.clear()
 
 
 @pytest.fixture

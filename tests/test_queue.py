@@ -7,6 +7,7 @@ import asyncio
 import asyncpg
 import pytest
 
+from hookline.core import queue
 from hookline.core.queue import INBOX, OUTBOX, RetryPolicy
 from support.queues import QUEUES, QueueCase
 
@@ -46,6 +47,53 @@ async def test_a_due_retry_goes_first_only_where_the_queue_says_so(pool: asyncpg
     expected = ids[0] if case.queue is OUTBOX else ids[1]
     assert next_row["id"] == expected
     assert sorted(r["id"] for r in await case.queue.claim(pool, "p", 10, "w", 30)) == sorted(set(ids) - {expected})
+
+
+async def behind_the_floor(pool: asyncpg.Pool, case: QueueCase, id: int) -> None:
+    """Row ``id`` due a minute ago, as a row whose transaction began before the claims since committed."""
+    await pool.execute(f"UPDATE {case.queue.table} SET next_attempt_at = now() - interval '1 minute' WHERE id = $1",
+                       id)
+
+
+@each_queue
+async def test_a_claim_starts_at_its_floor_and_a_claim_without_one_finds_what_is_behind_it(
+        pool: asyncpg.Pool, case: QueueCase, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(queue, "FULL_SCAN_EVERY", 60.0)
+    ids = await case.add(pool, "p", 4)
+    assert [r["id"] for r in await case.queue.claim(pool, "p", 1, "w", 30)] == [ids[0]]  # the floor: ids[0]'s
+    (late,) = await case.add(pool, "p", 1)
+    await behind_the_floor(pool, case, late)
+    # From the floor on: the row behind it is not seen, though it is the oldest due.
+    assert [r["id"] for r in await case.queue.claim(pool, "p", 1, "w", 30)] == [ids[1]]
+    monkeypatch.setattr(queue, "FULL_SCAN_EVERY", 0.0)  # the next claim is one without a floor
+    assert [r["id"] for r in await case.queue.claim(pool, "p", 1, "w", 30)] == [late]
+    assert sorted(r["id"] for r in await case.queue.claim(pool, "p", 10, "w", 30)) == ids[2:]
+
+
+async def test_an_ordered_claim_has_no_floor(pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(queue, "FULL_SCAN_EVERY", 60.0)
+    # A row held back by its predecessor becomes claimable behind the rows claimed since.
+    case = next(q for q in QUEUES if q.queue is OUTBOX)
+    ids = await case.add(pool, "p", 3)
+    assert [r["id"] for r in await case.queue.claim(pool, "p", 1, "w", 30)] == [ids[0]]
+    (late,) = await case.add(pool, "p", 1)
+    await behind_the_floor(pool, case, late)
+    assert [r["id"] for r in await case.queue.claim(pool, "p", 1, "w", 30, ordered=True)] == [late]
+    # The unordered claim's floor stayed where it was: the row behind it (now claimed) changed nothing.
+    assert [r["id"] for r in await case.queue.claim(pool, "p", 1, "w", 30)] == [ids[1]]
+
+
+async def test_only_first_attempts_move_the_floor_where_retries_are_claimed_apart(
+        pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(queue, "FULL_SCAN_EVERY", 60.0)
+    # The outbox claims due retries first, from their own index: a batch of retries alone says nothing of
+    # where the first attempts begin (a floor at the retry's time would hide b and c).
+    case = next(q for q in QUEUES if q.queue is OUTBOX)
+    a, b, c = await case.add(pool, "p", 3)
+    (tried,) = await case.queue.claim(pool, "p", 1, "w", 30)
+    assert tried["id"] == a and await case.queue.retry(pool, a, 1, "w", 0.0, "HTTP 500")
+    assert [r["id"] for r in await case.queue.claim(pool, "p", 1, "w", 30)] == [a]  # the due retry
+    assert sorted(r["id"] for r in await case.queue.claim(pool, "p", 10, "w", 30)) == [b, c]
 
 
 async def test_ordered_claim_holds_back_a_key_until_its_older_row_is_finished(pool: asyncpg.Pool) -> None:

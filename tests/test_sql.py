@@ -4,6 +4,7 @@ EXPLAINed against the migrated schema. The claims read their partial indexes."""
 
 from __future__ import annotations
 
+import datetime
 import importlib.resources
 import json
 from collections.abc import AsyncIterator
@@ -255,3 +256,73 @@ def test_a_claim_goes_only_into_its_own_queues_stand_in() -> None:
         OUTBOX.claim_within(wrapper)  # the outbox's claim never lands in a statement written for the inbox
     with pytest.raises(ValueError, match="once"):
         INBOX.claim_within(wrapper.replace("SELECT id FROM claimed", "SELECT * FROM hookline.inbox WHERE false"))
+
+
+# --- Claims whose plan does not depend on when ANALYZE ran (migration 0028) ---------------------------
+
+# A queue that ANALYZE saw drained (every row done), and then a burst: the share of pending rows the
+# statistics knew of (none) is not what the claim meets (every newest row).
+DRAINED_THEN_BURST = {
+    "inbox": ("INSERT INTO hookline.inbox (provider, event_id, body, status) SELECT 'p', 'evt_' || g, '\\x'::bytea, "
+              "'done' FROM generate_series(1, $1::int) AS g",
+              "INSERT INTO hookline.inbox (provider, event_id, body) SELECT 'p', 'new_' || g, '\\x'::bytea "
+              "FROM generate_series(1, $1::int) AS g"),
+    "outbox": ("WITH e AS (INSERT INTO hookline.outbox (event_id, event_type, payload) SELECT 'msg_' || g, 't', '{}' "
+               "FROM generate_series(1, $1::int) AS g RETURNING id, created_at) INSERT INTO hookline.deliveries "
+               "(outbox_id, endpoint, status, created_at) SELECT id, 'p', 'done', created_at FROM e",
+               "WITH e AS (INSERT INTO hookline.outbox (event_id, event_type, payload) SELECT 'new_' || g, 't', '{}' "
+               "FROM generate_series(1, $1::int) AS g RETURNING id, created_at) INSERT INTO hookline.deliveries "
+               "(outbox_id, endpoint, created_at) SELECT id, 'p', created_at FROM e"),
+}
+
+
+async def claim_sorts_every_pending_row(conn: asyncpg.Connection, case: QueueCase) -> bool:
+    """Whether the claim's generic plan sorts what the claimable index returns instead of reading it
+    in order (a Merge Append of the partitions' ordered index scans) and stopping at the limit."""
+    plan = nodes(await explain(conn, case.queue.sql("claim"), f"claim for the {case.name}"))
+    return any(n["Node Type"] in ("Sort", "Incremental Sort") for n in plan)
+
+
+@pytest.mark.parametrize("case", QUEUES, ids=[q.name for q in QUEUES])
+async def test_a_claim_after_an_analyze_of_a_drained_queue_reads_its_index_in_order(
+        database_url: str, case: QueueCase) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        if conn.get_server_version().major < 16:
+            pytest.skip("EXPLAIN (GENERIC_PLAN) needs PostgreSQL 16 or later")
+        await conn.execute(GENERIC_PLAN)
+        await conn.execute("INSERT INTO hookline.endpoints (name, url) VALUES ('p', 'https://example.com/hook')")
+        done, burst = DRAINED_THEN_BURST[case.name]
+        await conn.execute(done, 200_000)
+        await conn.execute(f"VACUUM ANALYZE {case.queue.table}")
+        await conn.execute(burst, 20_000)
+        assert not await claim_sorts_every_pending_row(conn, case)
+        # What migration 0028 prevents: with the statistics of that ANALYZE (status; the deliveries'
+        # attempts, which picks their due retries) the planner expects a row or so and sorts them all.
+        for column in ("status", "attempts"):
+            await conn.execute(f"ALTER TABLE {case.queue.table} ALTER COLUMN {column} SET STATISTICS -1")
+        await conn.execute(f"DELETE FROM {case.queue.table} WHERE status = 'pending'")
+        await conn.execute(f"ANALYZE {case.queue.table}")
+        await conn.execute(burst.replace("'new_'", "'again_'"), 20_000)
+        assert await claim_sorts_every_pending_row(conn, case)
+    finally:
+        await conn.close()
+
+
+async def test_new_partitions_take_their_parents_zero_statistics_targets(pool: asyncpg.Pool) -> None:
+    # Hourly partitions for a week: those past the daily ones the migrations made are new.
+    await pool.execute(db.query("set_partition_width", "partitions.sql"), "hookline.inbox",
+                       datetime.timedelta(hours=1), 168)
+    await pool.execute(db.query("set_outbox_partition_width", "partitions.sql"), datetime.timedelta(hours=1), 168)
+    created = [name for table in ("hookline.inbox", "hookline.deliveries", "hookline.outbox")
+               for name in await pool.fetchval("SELECT array_agg(n) FROM hookline.ensure_partitions($1) AS n", table)]
+    assert len(created) > 3 * 48
+    zero = await pool.fetch("SELECT c.relname AS rel, a.attname AS col FROM pg_attribute AS a JOIN pg_class AS c "
+                            "ON c.oid = a.attrelid WHERE c.oid = ANY($1::regclass[]) AND a.attstattarget = 0",
+                            created)
+    by_table: dict[str, set[str]] = {}
+    for r in zero:
+        by_table.setdefault(r["rel"].split("_p")[0], set()).add(r["col"])
+    # As the parents have them (migration 0028); the outbox's events have no such columns.
+    assert by_table == {"inbox": {"status"}, "deliveries": {"status", "attempts"}}
+    assert len(zero) == sum(1 if "inbox_p" in n else 2 if "deliveries_p" in n else 0 for n in created)

@@ -7,6 +7,7 @@ import dataclasses
 import asyncpg
 import pytest
 
+from hookline.core.queue import INBOX
 from hookline.worker.event import Event
 from hookline.worker.service import CLAIM_EVENTS
 from support.inbox import insert_events
@@ -18,7 +19,7 @@ async def test_claimed_events_lease_rows_and_make_whole_events(pool: asyncpg.Poo
     event_ids = await insert_events(pool, "claimed-events", 3, event_type="invoice.paid", entity_key="cus_1")
     await pool.execute("UPDATE hookline.inbox SET headers = '{\"webhook-id\": \"msg_1\"}' WHERE provider = $1",
                        "claimed-events")
-    rows = await pool.fetch(CLAIM_EVENTS, "claimed-events", 2, "w-claimed", 30.0)
+    rows = await INBOX.fetch_claim(pool, CLAIM_EVENTS, "claimed-events", 2, "w-claimed", 30.0)
     assert len(rows) == 2
     leased = await pool.fetch("SELECT id, status, attempts, locked_by FROM hookline.inbox WHERE provider = $1 "
                               "AND status = 'processing'", "claimed-events")

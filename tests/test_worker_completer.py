@@ -7,6 +7,7 @@ import asyncpg
 import pytest
 
 from hookline.core import db
+from hookline.core.queue import INBOX
 from hookline.worker.service import CLAIM_EVENTS, BatchCompleter
 from support.inbox import insert_events
 from support.waiting import eventually
@@ -18,7 +19,8 @@ WORKER = "w-completer"
 
 async def claimed(pool: asyncpg.Pool, provider: str, count: int) -> list[tuple[int, int]]:
     await insert_events(pool, provider, count)
-    return [(r["id"], r["attempts"]) for r in await pool.fetch(CLAIM_EVENTS, provider, count, WORKER, 30.0)]
+    rows = await INBOX.fetch_claim(pool, CLAIM_EVENTS, provider, count, WORKER, 30.0)
+    return [(r["id"], r["attempts"]) for r in rows]
 
 
 async def test_connection_kept_until_idle_and_given_back_after_a_failed_write(

@@ -22,16 +22,20 @@ import contextlib
 import os
 import random
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 import asyncpg
 
 from hookline.core import db
 
 MAX_RETRY_AFTER = 86400.0
+# A claim floor is dropped this long after the last claim that went without one (see ClaimFloors).
+FULL_SCAN_EVERY = 1.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,44 @@ class PartitionStats:
     suspects: int = 0  # pending rows that must run alone (their last lease expired)
 
 
+class ClaimFloors:
+    """Where this process's next claim of each partition starts looking (``claim`` in queue.sql, $5).
+
+    A claim's rows are the oldest due ones it could lock, so the rows it skipped below the first of
+    them were locked by another claim or not yet committed, and the next claim can start there instead
+    of walking the dead index entries of everything claimed before. What that misses — a row whose
+    transaction committed behind the floor, a row another claim locked and then let go — is found by
+    a claim without a floor, at least every ``FULL_SCAN_EVERY`` seconds. ``first_attempts_only``: the
+    queue's due retries are claimed apart (``retries_first``), so only first attempts move the floor.
+    """
+
+    def __init__(self, *, first_attempts_only: bool = False) -> None:
+        self.first_attempts_only = first_attempts_only
+        self._floors: dict[str, datetime | None] = {}
+        self._full_scans: dict[str, float] = {}
+
+    def clear(self) -> None:
+        """Forget every floor: the next claims go without one (a test starting afresh)."""
+        self._floors.clear()
+        self._full_scans.clear()
+
+    def floor(self, partition: str) -> datetime | None:
+        """The floor for the next claim of ``partition``; None: claim without one."""
+        if time.monotonic() - self._full_scans.get(partition, float("-inf")) >= FULL_SCAN_EVERY:
+            return None
+        return self._floors.get(partition)
+
+    def claimed(self, partition: str, floor: datetime | None, rows: Sequence[asyncpg.Record]) -> None:
+        """Move the floor after a claim from ``floor`` returned ``rows`` (with next_attempt_at, attempts)."""
+        if floor is None:
+            self._full_scans[partition] = time.monotonic()
+        starts = [r["next_attempt_at"] for r in rows if not self.first_attempts_only or r["attempts"] == 1]
+        if starts:
+            self._floors[partition] = min(starts)
+        elif floor is None:
+            self._floors[partition] = None  # nothing due: the next rows may come from anywhere
+
+
 class Queue:
     """The queue operations for one table, e.g. ``Queue("hookline.inbox", "provider", "hookline_inbox")``.
 
@@ -101,6 +143,7 @@ class Queue:
         self.table = table
         self.partition = partition
         self.channel = channel
+        self.floors = ClaimFloors(first_attempts_only=retries_first)
         values: dict[str, db.TemplateValue] = {
             "table": table, "partition": partition, "retries_first": retries_first, "deferrable": deferrable,
             "ordered": False, "timed": timed, "log_queue": f"'{log_name}'"}
@@ -131,8 +174,18 @@ class Queue:
         """Lease up to ``limit`` due rows of ``partition`` to ``worker`` (see ``claim`` in queue.sql)."""
         if ordered and "claim_ordered" not in self._sql:
             raise ValueError(f"{self.table} has no order key: it has no ordered claim")
-        sql = self._sql["claim_ordered" if ordered else "claim"]
-        return list(await conn.fetch(sql, partition, limit, worker, float(lease_seconds)))
+        return await self.fetch_claim(conn, self._sql["claim_ordered" if ordered else "claim"], partition, limit,
+                                      worker, lease_seconds, ordered=ordered)
+
+    async def fetch_claim(self, conn: _Fetcher, sql: str, partition: str, limit: int, worker: str,
+                          lease_seconds: float, *, ordered: bool = False) -> list[asyncpg.Record]:
+        """Run ``sql``, this queue's claim or a statement wrapping it (``claim_within``) whose rows
+        have next_attempt_at and attempts, with the partition's claim floor (``ClaimFloors``)."""
+        floor = None if ordered else self.floors.floor(partition)
+        rows = list(await conn.fetch(sql, partition, limit, worker, float(lease_seconds), floor))
+        if not ordered:
+            self.floors.claimed(partition, floor, rows)
+        return rows
 
     async def claim_suspect(self, conn: asyncpg.Connection | asyncpg.Pool, leases: dict[str, float],
                             worker: str) -> asyncpg.Record | None:
@@ -216,6 +269,10 @@ class Queue:
                                            int(r["suspects"]))
             for r in await conn.fetch(self._sql["stats"])
         }
+
+
+class _Fetcher(Protocol):
+    async def fetch(self, query: str, *args: object) -> list[asyncpg.Record]: ...
 
 
 @contextlib.asynccontextmanager

@@ -368,8 +368,8 @@ class Relay(LeasedConsumer):
     async def _claim(self, conn: asyncpg.Connection, endpoint: Endpoint, limit: int) -> list[asyncpg.Record]:
         """The queue claim (due retries first: see claim in queue.sql), each delivery with its event
         (``claimed_with_events``); none when the endpoint was deleted just now, its deliveries with it."""
-        sql = CLAIMS_WITH_EVENTS[endpoint.ordered]
-        return list(await conn.fetch(sql, endpoint.name, limit, self.worker_id, float(self.lease_seconds)))
+        return await OUTBOX.fetch_claim(conn, CLAIMS_WITH_EVENTS[endpoint.ordered], endpoint.name, limit,
+                                        self.worker_id, self.lease_seconds, ordered=endpoint.ordered)
 
     def _start_claimed(self, endpoint: Endpoint, rows: Sequence[Mapping[str, Any]], *, probe: bool = False) -> None:
         """Start claimed deliveries: ``rows`` as ``claimed_with_events`` returns them, of one endpoint."""

@@ -199,8 +199,8 @@ class Worker(LeasedConsumer):
                 break
             if self.processor.waiting(provider):
                 continue  # its handler does not import: nothing of it can run yet
-            rows = await self._claims.fetch(CLAIM_EVENTS, provider.name, self.free_slots, self.worker_id,
-                                            float(provider.lease_seconds))
+            rows = await INBOX.fetch_claim(self._claims, CLAIM_EVENTS, provider.name, self.free_slots,
+                                           self.worker_id, provider.lease_seconds)
             for row in rows:
                 self._start(provider, row)
             claimed += len(rows)

@@ -112,7 +112,7 @@ WHERE o.id = ANY($1::bigint[]) AND e.name = $2;
 WITH claimed AS (
     SELECT * FROM hookline.deliveries WHERE false
 )
-SELECT c.id, c.attempts, o.event_id, o.event_type, o.payload::text AS payload,
+SELECT c.id, c.attempts, c.next_attempt_at, o.event_id, o.event_type, o.payload::text AS payload,
        to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS timestamp, o.traceparent,
        e.secrets::text AS secrets
 FROM claimed AS c

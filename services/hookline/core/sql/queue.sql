@@ -35,6 +35,16 @@
 -- must run alone. The ids go to the UPDATE as an array: joined to a CTE (or a
 -- union of two) the planner cannot tell its size and may hash-join the table.
 --
+-- $5, the claim floor (NULL: none): `picked` looks from this next_attempt_at on
+-- (the outbox's due retries, found apart, from the beginning). Every row claimed
+-- leaves a dead entry in the claimable index until a vacuum removes it, all of them
+-- before the oldest pending row: a claim from the beginning walks past every row
+-- taken since the last vacuum (all of a drain's while a snapshot is held open).
+-- Queue.fetch_claim passes where its last claim's rows began, and none at least
+-- once a second, so a row that committed behind the floor (its transaction began
+-- before rows claimed since) waits a second at most. Ordered claims pass none: a
+-- row held back by its predecessor is behind the floor once it may go.
+--
 -- ordered (queues delivered in order per key; ordered outbox endpoints, key =
 -- aggregate): a row is claimable only while no older row of the same partition
 -- and key is unfinished, so row n+1 is never sent before row n is done or dead,
@@ -67,6 +77,7 @@ WITH /* TEMPLATE_BEGIN: retries_first */retries AS (
 ), /* TEMPLATE_END */picked AS (
     SELECT c.id FROM /* TEMPLATE: table */hookline.inbox AS c
     WHERE c.status = 'pending' AND c./* TEMPLATE: partition */provider = $1 AND c.next_attempt_at <= now()
+      AND c.next_attempt_at >= coalesce($5::timestamptz, '-infinity')
       /* TEMPLATE_BEGIN: retries_first */AND c.attempts = 0 /* TEMPLATE_END */AND NOT c.suspect
       /* TEMPLATE_BEGIN: ordered */AND (c./* TEMPLATE: order_key */entity_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM /* TEMPLATE: table */hookline.inbox AS older

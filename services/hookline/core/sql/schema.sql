@@ -269,6 +269,7 @@ DECLARE
     cfg     hookline.partition_config;
     period  timestamptz;
     name    text;
+    col     name;
 BEGIN
     SELECT * INTO STRICT cfg FROM hookline.partition_config WHERE parent = parent_table;
     period := date_bin(cfg.width, now(), timestamptz '2000-01-01 00:00+00');
@@ -282,6 +283,11 @@ BEGIN
                 EXECUTE format('CREATE TABLE %s PARTITION OF %s FOR VALUES FROM (%L) TO (%L)%s',
                                name, parent_table, period, period + cfg.width,
                                CASE WHEN cfg.storage = '' THEN '' ELSE ' WITH (' || cfg.storage || ')' END);
+                FOR col IN SELECT a.attname FROM pg_attribute AS a
+                           WHERE a.attrelid = parent_table::regclass AND a.attnum > 0 AND NOT a.attisdropped
+                             AND a.attstattarget = 0 LOOP
+                    EXECUTE format('ALTER TABLE %s ALTER COLUMN %I SET STATISTICS 0', name, col);
+                END LOOP;
                 RETURN NEXT name;
             EXCEPTION
                 WHEN check_violation THEN
@@ -929,6 +935,8 @@ CREATE TABLE hookline.deliveries (
     CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'processing'::text, 'done'::text, 'dead'::text, 'parked'::text])))
 )
 PARTITION BY RANGE (created_at);
+ALTER TABLE ONLY hookline.deliveries ALTER COLUMN status SET STATISTICS 0;
+ALTER TABLE ONLY hookline.deliveries ALTER COLUMN attempts SET STATISTICS 0;
 
 
 --
@@ -961,6 +969,8 @@ CREATE TABLE hookline.deliveries_default (
     suspect boolean DEFAULT false CONSTRAINT deliveries_suspect_not_null NOT NULL,
     CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'processing'::text, 'done'::text, 'dead'::text, 'parked'::text])))
 );
+ALTER TABLE ONLY hookline.deliveries_default ALTER COLUMN status SET STATISTICS 0;
+ALTER TABLE ONLY hookline.deliveries_default ALTER COLUMN attempts SET STATISTICS 0;
 
 
 --
@@ -1070,6 +1080,7 @@ CREATE TABLE hookline.inbox (
     CONSTRAINT inbox_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'processing'::text, 'done'::text, 'dead'::text])))
 )
 PARTITION BY RANGE (received_at);
+ALTER TABLE ONLY hookline.inbox ALTER COLUMN status SET STATISTICS 0;
 
 
 --
@@ -1110,6 +1121,7 @@ CREATE TABLE hookline.inbox_default (
     claimed_at timestamp with time zone,
     CONSTRAINT inbox_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'processing'::text, 'done'::text, 'dead'::text])))
 );
+ALTER TABLE ONLY hookline.inbox_default ALTER COLUMN status SET STATISTICS 0;
 
 
 --
