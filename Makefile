@@ -99,7 +99,7 @@ bench-relay: $(STAMP)  ## outbox relay: 50,000 events to a local endpoint at con
 bench-operator-stats: $(STAMP)  ## the operator's one statistics query per tick, at 1 million inbox events
 	$(BIN)/python -m benchmarks.operator_stats $(ARGS)
 
-bench-storage: $(STAMP)  ## partitioned inbox and outbox: drain with 1 million done events (ARGS="--done 10" for 10) and a held snapshot, statistics, partition drops under ingest, sizes under steady load with retention
+bench-storage: $(STAMP)  ## real workers and a relay draining: five drains without a vacuum, 2 million done rows in today's partition (and a held snapshot), history in an old one; statistics, partition drops under ingest, sizes under steady load
 	$(BIN)/python -m benchmarks.storage $(ARGS)
 
 clean:  ## remove the virtualenv and dev data

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -92,6 +93,19 @@ def start_service(args: list[str], url: str, port: int | None = None, log: Path 
         proc.kill()
         raise RuntimeError(f"{args} did not become ready")
     return proc
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each service, then wait for it (15 s, then SIGKILL)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 # --- What a Hookline process costs under load ----------------------------------------------------------
@@ -206,4 +220,4 @@ def record(path: str | None, benchmark: str, name: str, value: float, target: st
 
 
 __all__ = ["BenchDatabase", "Usage", "checkpoint", "cpu_seconds", "free_port", "percentile", "pgbench",
-           "process_tree", "record", "rss_mb", "start_service"]
+           "process_tree", "record", "rss_mb", "start_service", "stop_all"]

@@ -36,7 +36,6 @@ import math
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -49,7 +48,17 @@ from pathlib import Path
 import asyncpg
 
 from benchmarks import peers
-from benchmarks.common import BenchDatabase, Usage, checkpoint, free_port, parent_pid, percentile, record, start_service
+from benchmarks.common import (
+    BenchDatabase,
+    Usage,
+    checkpoint,
+    free_port,
+    parent_pid,
+    percentile,
+    record,
+    start_service,
+    stop_all,
+)
 from hookline.core.embedded import binary
 from hookline.core.queue import INBOX
 from hookline.core.signatures import sign_standard_webhooks
@@ -139,18 +148,6 @@ async def preload(conn: asyncpg.Connection, provider: str, count: int) -> None:
     # Every stage starts from a vacuumed, analysed table, so one stage's dead tuples
     # do not slow the next and the planner sees the new rows.
     await conn.execute("VACUUM ANALYZE hookline.inbox")
-
-
-def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 async def drain(conn: asyncpg.Connection, remaining_sql: str, args: tuple[object, ...],

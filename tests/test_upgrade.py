@@ -183,3 +183,88 @@ async def test_upgrade_keeps_every_outbox_event_and_delivery_and_a_relay_deliver
         ("delivered", "live"): "done", ("given-up", "live"): "dead", ("new", "live"): "done"}
     assert {v for k, v in states.items() if k[1] == "off"} == {"parked"}
 
+
+
+# --- Claims without the queue state's statistics (migration 0028) -----------------------------------
+
+CLAIM_STATISTICS_SCHEMA = 27
+QUEUE_STATE_COLUMNS = {"hookline.inbox": {"status"}, "hookline.deliveries": {"status", "attempts"}}
+
+
+async def collected_statistics(conn: asyncpg.Connection) -> set[tuple[str, str]]:
+    """(table, column) of the queue-state columns ANALYZE has statistics of, in any partition."""
+    rows = await conn.fetch("SELECT tablename, attname FROM pg_stats WHERE schemaname = 'hookline' AND "
+                            "attname IN ('status', 'attempts') AND (tablename LIKE 'inbox%' OR tablename LIKE "
+                            "'deliveries%') AND tablename NOT LIKE 'inbox_keys%'")
+    return {(r["tablename"], r["attname"]) for r in rows if not (r["attname"] == "attempts"
+                                                                 and r["tablename"].startswith("inbox"))}
+
+
+async def test_upgrade_drops_the_queue_state_statistics_and_workers_and_a_relay_drain_every_state(
+        old_database: str, log_dir: Path) -> None:
+    secret = get_scheme("standard-webhooks").generate_secret()
+    async with TestEndpoint(secret) as live:
+        conn = await asyncpg.connect(old_database)
+        try:
+            await migrations.migrate(conn, up_to=CLAIM_STATISTICS_SCHEMA)
+            await conn.execute(OLD_ROWS)
+            await conn.execute("INSERT INTO hookline.endpoints (name, url, event_types, secrets, enabled, "
+                               "initial_delay_seconds) VALUES ('live', $1, '{t}', $2::text::jsonb, true, 0)",
+                               live.url, json.dumps([{"value": secret, "notAfter": None}]))
+            for tag in ("pending", "retrying", "in-flight", "delivered", "given-up"):
+                await conn.execute("SELECT hookline.publish('t', jsonb_build_object('tag', $1::text))", tag)
+            await conn.execute(OLD_DELIVERY_STATES)
+            await conn.execute("ANALYZE hookline.inbox; ANALYZE hookline.deliveries")
+            assert await collected_statistics(conn)  # what the upgrade is to remove
+            before = [dict(r) for r in await conn.fetch(SNAPSHOT)], [
+                dict(r) for r in await conn.fetch(DELIVERIES_SNAPSHOT)]
+
+            applied = await migrations.migrate(conn)
+            assert [name[:4] for name in applied] == ["0028"]
+
+            assert ([dict(r) for r in await conn.fetch(SNAPSHOT)],
+                    [dict(r) for r in await conn.fetch(DELIVERIES_SNAPSHOT)]) == before
+            for table, columns in QUEUE_STATE_COLUMNS.items():
+                targets = await conn.fetch(
+                    "SELECT t.relid::regclass::text AS rel, a.attname FROM pg_partition_tree($1::regclass) AS t "
+                    "JOIN pg_attribute AS a ON a.attrelid = t.relid WHERE a.attstattarget = 0", table)
+                assert {r["attname"] for r in targets} == columns
+                assert len(targets) == len(columns) * await conn.fetchval(
+                    "SELECT count(*) FROM pg_partition_tree($1::regclass)", table)
+            await conn.execute("ANALYZE hookline.inbox; ANALYZE hookline.deliveries")
+            if conn.get_server_version().major >= 18:  # older servers keep them until retention drops them
+                assert await collected_statistics(conn) == set()
+            await create_effect_tables(conn)
+        finally:
+            await conn.close()
+
+        apply_provider(old_database, "legacy", """
+signature: {scheme: none}
+handler: "support.handlers:record_effect"
+retry: {maxAttempts: 12, initialDelaySeconds: 0, maxDelaySeconds: 0}
+leaseSeconds: 5
+""")
+        services = [worker(old_database, log_dir, "--concurrency", "4", "--sweep"),
+                    relay(old_database, log_dir, "--allow-private-networks")]
+        try:
+            conn = await asyncpg.connect(old_database)
+            try:
+                # The inbox's pending, retried and expired (swept, then run alone) events; the same deliveries.
+                await eventually(lambda: conn.fetchval("SELECT count(*) FROM test_effects"), equals=3, timeout=90)
+                await eventually(lambda: conn.fetchval(
+                    "SELECT count(*) FROM hookline.deliveries WHERE status = 'done'"), equals=4, timeout=90)
+                inbox = {r["event_id"]: r["status"] for r in await conn.fetch(
+                    "SELECT event_id, status FROM hookline.inbox")}
+                deliveries = {r["tag"]: r["status"] for r in await conn.fetch(
+                    "SELECT o.payload->>'tag' AS tag, d.status FROM hookline.deliveries AS d "
+                    "JOIN hookline.outbox AS o ON o.id = d.outbox_id")}
+            finally:
+                await conn.close()
+        finally:
+            assert [s.stop() for s in services] == [0, 0]
+    assert inbox == {"pending-1": "done", "pending-2": "done", "processing-1": "done", "done-1": "done",
+                     "dead-1": "dead"}
+    assert deliveries == {"pending": "done", "retrying": "done", "in-flight": "done", "delivered": "done",
+                          "given-up": "dead"}
+    assert sorted({r.body["data"]["tag"] for r in live.received if r.status == 200}) == [
+        "in-flight", "pending", "retrying"]

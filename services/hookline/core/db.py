@@ -136,6 +136,26 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
 PINNED_SEARCH_PATH = {"search_path": "pg_catalog, pg_temp"}
 
 
+# What a ``generic_plans`` pool sets for its sessions (and, second, Postgres's default, which a
+# handler's transaction sets back: worker/processing.py). A generic plan is made once, for the tables
+# as they are then, and kept: one made while today's partition was empty (a new day; a queue drained
+# and vacuumed) read that partition whole on every claim, and sorted every pending row, as the
+# partition filled, until a VACUUM or ANALYZE of it happened to invalidate the plan (issue 26). Every
+# statement Hookline runs on these pools finds its rows through an index; without sequential scans
+# and sorts where an index path exists, a plan made for an empty table stays right for a full one.
+GENERIC_PLAN_SETTINGS = {
+    "plan_cache_mode": ("force_generic_plan", "auto"),
+    "enable_seqscan": ("off", "on"),
+    "enable_sort": ("off", "on"),
+}
+
+
+
+def local_settings(which: int) -> str:
+    """``SET LOCAL`` of every GENERIC_PLAN_SETTINGS: 0, the pool's; 1, Postgres's defaults."""
+    return "; ".join(f"SET LOCAL {name} = {values[which]}" for name, values in GENERIC_PLAN_SETTINGS.items())
+
+
 async def create_pool(
     url: str | None = None, *, min_size: int = 1, max_size: int = 10, command_timeout: float = 30.0,
     lean: bool = False, generic_plans: bool = False, pinned_search_path: bool = False,
@@ -147,16 +167,17 @@ async def create_pool(
     included) must not leave session state behind: use ``SET LOCAL``, not ``SET``.
 
     ``generic_plans`` pools plan each prepared statement once (``plan_cache_mode =
-    force_generic_plan``). Postgres otherwise keeps planning a statement afresh whenever
+    force_generic_plan``), with no sequential scan or sort where an index serves
+    (GENERIC_PLAN_SETTINGS). Postgres otherwise keeps planning a statement afresh whenever
     it guesses a plan for the given values is cheaper: the queue's claim, over every
     inbox partition, was planned on every call (0.9 ms of server CPU, more than it took
     to run). Hookline's statements are written for generic plans (no value-dependent
-    shapes); code of others on such a pool (handlers) sets ``SET LOCAL plan_cache_mode =
-    auto`` in its transaction (``hookline.worker.processing``).
+    shapes); code of others on such a pool (handlers) sets Postgres's defaults back in its
+    transaction (``SET LOCAL``, ``hookline.worker.processing``).
 
     ``pinned_search_path``: see PINNED_SEARCH_PATH.
     """
-    settings = {**({"plan_cache_mode": "force_generic_plan"} if generic_plans else {}),
+    settings = {**({name: value for name, (value, _) in GENERIC_PLAN_SETTINGS.items()} if generic_plans else {}),
                 **(PINNED_SEARCH_PATH if pinned_search_path else {})}
     pool = await asyncpg.create_pool(
         url or database_url(),

@@ -93,11 +93,12 @@ class ClaimFloors:
     """Where this process's next claim of each partition starts looking (``claim`` in queue.sql, $5).
 
     A claim's rows are the oldest due ones it could lock, so the rows it skipped below the first of
-    them were locked by another claim or not yet committed, and the next claim can start there instead
-    of walking the dead index entries of everything claimed before. What that misses — a row whose
-    transaction committed behind the floor, a row another claim locked and then let go — is found by
-    a claim without a floor, at least every ``FULL_SCAN_EVERY`` seconds. ``first_attempts_only``: the
-    queue's due retries are claimed apart (``retries_first``), so only first attempts move the floor.
+    them were locked by another claim or not yet committed, and the next claim can start there (or a
+    second before now, if earlier) instead of walking the dead index entries of everything claimed
+    before. What that misses — a row whose transaction committed more than a second behind the floor,
+    a row another claim locked and then let go — is found by a claim without a floor, at least every
+    ``FULL_SCAN_EVERY`` seconds. ``first_attempts_only``: the queue's due retries are claimed apart
+    (``retries_first``), so only first attempts move the floor.
     """
 
     def __init__(self, *, first_attempts_only: bool = False) -> None:

@@ -138,7 +138,9 @@ class Completer:
         self._complete_later = complete_later
 
     async def complete(self, conn: asyncpg.Connection, done: Sequence[tuple[int, int]]) -> set[int]:
-        """Mark (id, attempts) pairs done in ``conn``'s transaction; the ids whose lease was still ours."""
+        """Mark (id, attempts) pairs done in ``conn``'s transaction (a handler's, which plans as Postgres
+        does by default: the pool's plan settings come back first); the ids whose lease was still ours."""
+        await conn.execute(db.local_settings(0))
         return await INBOX.complete(conn, done, self.worker_id)
 
     async def complete_later(self, event: Event, provider: Provider) -> Result:

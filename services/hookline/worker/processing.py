@@ -135,11 +135,11 @@ def savepoint_name(position: int) -> str:
     return f"hookline_job_{position}"
 
 
-# Handlers plan as Postgres does by default; the worker's pool plans its own statements once
-# (db.create_pool generic_plans). They name their tables as they would anywhere: on the search path
+# Handlers plan as Postgres does by default; the worker's pool plans its own statements once, through
+# indexes (db.GENERIC_PLAN_SETTINGS). They name their tables as they would anywhere: on the search path
 # HOOKLINE_HANDLER_SEARCH_PATH (Postgres's default unless set), where the worker's own statements run
 # on a pinned one (db.PINNED_SEARCH_PATH).
-HANDLER_SETTINGS = f"SET LOCAL plan_cache_mode = auto; SET LOCAL search_path = {settings.handler_search_path()}"
+HANDLER_SETTINGS = f"{db.local_settings(1)}; SET LOCAL search_path = {settings.handler_search_path()}"
 
 
 @contextlib.asynccontextmanager

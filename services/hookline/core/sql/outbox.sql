@@ -136,7 +136,7 @@ WITH answers AS (
     SET status = 'done', processed_at = now(), lease_expires_at = NULL, locked_by = NULL, last_error = NULL,
         suspect = false, last_status = a.status, last_response = a.body, last_latency_ms = a.latency_ms
     FROM answers AS a
-    WHERE t.id = a.id AND t.attempts = a.attempts AND t.status = 'processing' AND t.locked_by = $3
+    WHERE t.id = a.id AND t.attempts = a.attempts AND (t.status = 'processing') IS TRUE AND t.locked_by = $3
     RETURNING t.id, t.endpoint, t.attempts, a.status, a.latency_ms
 )
 SELECT array_agg(id) AS ids,

@@ -22,6 +22,12 @@
 -- (retry, deferral, released lease) | dead. Attempts are counted at claim time, so
 -- an attempt whose worker dies still counts when its lease expires.
 --
+-- By id: the statements that find their rows by id test the status as `(status = 'x') IS TRUE`,
+-- which no partial index's predicate matches, so they reach the rows through the primary key. As
+-- `status = 'processing'` it let the planner read the leased index instead, when it expected few
+-- rows there (a partition analysed empty, issue 26): that index holds a dead entry for every row
+-- completed since the last vacuum, and each completion walked them all.
+--
 -- Suspects: a row whose lease expired (its consumer died, was killed or stalled)
 -- may be what killed its consumer. The sweep marks it `suspect`; normal claims
 -- skip suspects and `claim_suspect` takes them one at a time, for a consumer
@@ -35,15 +41,17 @@
 -- must run alone. The ids go to the UPDATE as an array: joined to a CTE (or a
 -- union of two) the planner cannot tell its size and may hash-join the table.
 --
--- $5, the claim floor (NULL: none): `picked` looks from this next_attempt_at on
--- (the outbox's due retries, found apart, from the beginning). Every row claimed
--- leaves a dead entry in the claimable index until a vacuum removes it, all of them
--- before the oldest pending row: a claim from the beginning walks past every row
--- taken since the last vacuum (all of a drain's while a snapshot is held open).
--- Queue.fetch_claim passes where its last claim's rows began, and none at least
--- once a second, so a row that committed behind the floor (its transaction began
--- before rows claimed since) waits a second at most. Ordered claims pass none: a
--- row held back by its predecessor is behind the floor once it may go.
+-- $5, the claim floor (NULL: none): `picked` looks from this next_attempt_at on, or
+-- from a second ago if that is earlier (the outbox's due retries, found apart, from
+-- the beginning). Every row claimed leaves a dead entry in the claimable index until
+-- a vacuum removes it, all of them before the oldest pending row: a claim from the
+-- beginning walks past every row taken since the last vacuum (all of a drain's while
+-- a snapshot is held open). Queue.fetch_claim passes where its last claim's rows
+-- began. A row's next_attempt_at is its transaction's start: one that commits up to
+-- a second after rows claimed since is still in sight; one that took longer (or was
+-- locked by a claim that then failed) waits for a claim without a floor, which comes
+-- at least once a second. Ordered claims pass none: a row held back by its
+-- predecessor is behind the floor once it may go.
 --
 -- ordered (queues delivered in order per key; ordered outbox endpoints, key =
 -- aggregate): a row is claimable only while no older row of the same partition
@@ -77,7 +85,7 @@ WITH /* TEMPLATE_BEGIN: retries_first */retries AS (
 ), /* TEMPLATE_END */picked AS (
     SELECT c.id FROM /* TEMPLATE: table */hookline.inbox AS c
     WHERE c.status = 'pending' AND c./* TEMPLATE: partition */provider = $1 AND c.next_attempt_at <= now()
-      AND c.next_attempt_at >= coalesce($5::timestamptz, '-infinity')
+      AND c.next_attempt_at >= least(coalesce($5::timestamptz, '-infinity'), now() - interval '1 second')
       /* TEMPLATE_BEGIN: retries_first */AND c.attempts = 0 /* TEMPLATE_END */AND NOT c.suspect
       /* TEMPLATE_BEGIN: ordered */AND (c./* TEMPLATE: order_key */entity_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM /* TEMPLATE: table */hookline.inbox AS older
@@ -137,7 +145,7 @@ SELECT EXISTS (
 -- done are finished, not lost.
 WITH mine AS (
     SELECT id FROM /* TEMPLATE: table */hookline.inbox
-    WHERE id = ANY($1::bigint[]) AND status = 'processing' AND locked_by = $2
+    WHERE id = ANY($1::bigint[]) AND (status = 'processing') IS TRUE AND locked_by = $2
     FOR UPDATE SKIP LOCKED
 ), extended AS (
     UPDATE /* TEMPLATE: table */hookline.inbox AS t SET lease_expires_at = now() + make_interval(secs => $3)
@@ -158,7 +166,7 @@ WITH done AS (
     SET status = 'done', processed_at = now(), lease_expires_at = NULL, locked_by = NULL,
         last_error = NULL/* TEMPLATE_BEGIN: deferrable */, deferred_since = NULL/* TEMPLATE_END */, suspect = false
     FROM unnest($1::bigint[], $2::integer[]) AS c(id, attempts)
-    WHERE t.id = c.id AND t.attempts = c.attempts AND t.status = 'processing' AND t.locked_by = $3
+    WHERE t.id = c.id AND t.attempts = c.attempts AND (t.status = 'processing') IS TRUE AND t.locked_by = $3
     RETURNING t.id, t./* TEMPLATE: partition */provider AS part, t.attempts, $3::text AS worker, 'done'::text AS outcome,
               -- from the claim to now (a delivery's HTTP latency: record_responses)
               coalesce(NULL::float8/* TEMPLATE_BEGIN: timed */, extract(epoch FROM clock_timestamp() - t.claimed_at) * 1000/* TEMPLATE_END */) AS latency_ms
@@ -179,7 +187,7 @@ WITH failed AS (
         next_attempt_at = coalesce(now() + make_interval(secs => $4::float8), t.next_attempt_at),
         processed_at = CASE WHEN $4::float8 IS NULL THEN now() ELSE t.processed_at END,
         lease_expires_at = NULL, locked_by = NULL, last_error = $5
-    WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
+    WHERE id = $1 AND attempts = $2 AND (status = 'processing') IS TRUE AND locked_by = $3
     RETURNING t.id, t./* TEMPLATE: partition */provider AS part, t.attempts, $3::text AS worker,
               CASE WHEN $4::float8 IS NULL THEN 'dead' ELSE 'retry' END AS outcome,
               coalesce($6::text, t.last_error) AS logged_error,
@@ -198,7 +206,7 @@ UPDATE /* TEMPLATE: table */hookline.inbox AS t
 SET status = 'pending', attempts = t.attempts - 1, lease_expires_at = NULL, locked_by = NULL,
     next_attempt_at = now() + make_interval(secs => $3)
 FROM unnest($1::bigint[]) AS r(id)
-WHERE t.id = r.id AND t.status = 'processing' AND t.locked_by = $2
+WHERE t.id = r.id AND (t.status = 'processing') IS TRUE AND t.locked_by = $2
 RETURNING t.id;
 
 -- name: lock_expired
@@ -230,7 +238,7 @@ WITH requeued AS (
         locked_by = NULL,
         suspect = true
     FROM unnest($1::bigint[], $2::boolean[], $3::float8[], $4::text[]) AS x(id, dead, delay, worker)
-    WHERE t.id = x.id AND t.status = 'processing'
+    WHERE t.id = x.id AND (t.status = 'processing') IS TRUE
     RETURNING t.id, t./* TEMPLATE: partition */provider AS part, t.attempts, x.worker,
               CASE WHEN x.dead THEN 'dead' ELSE 'expired' END AS outcome, t.last_error,
               coalesce(NULL::float8/* TEMPLATE_BEGIN: timed */, extract(epoch FROM clock_timestamp() - t.claimed_at) * 1000/* TEMPLATE_END */) AS latency_ms

@@ -19,7 +19,7 @@ FROM claimed;
 UPDATE hookline.inbox
 SET status = 'pending', attempts = attempts - 1, next_attempt_at = now() + make_interval(secs => $4),
     lease_expires_at = NULL, locked_by = NULL, last_error = $5
-WHERE id = $1 AND attempts = $2 AND status = 'processing' AND locked_by = $3
+WHERE id = $1 AND attempts = $2 AND (status = 'processing') IS TRUE AND locked_by = $3
 RETURNING id;
 
 -- name: report_handler_problem
