@@ -9,9 +9,10 @@ On a throwaway embedded Postgres with the migrated (partitioned) inbox and outbo
    transaction), and the relay's deliveries. For each: five successive drains in today's
    partitions with no vacuum between (ratio: the slowest of the last four to the first); a drain
    with ``--done`` million done rows in an old day's partition; two with ``--done-today`` million
-   of its own in today's partition (where a busy day's completed events are until retention drops
-   them), then one while another session holds a REPEATABLE READ snapshot open. Ratios are to the
-   mean of two drains on emptied tables, before and after the history.
+   of its own in today's partition (where a busy day's completed events stay until retention drops
+   them), each after one on emptied tables, then one while another session holds a REPEATABLE READ
+   snapshot open: those ratios are to the drains they alternate with, the old partition's to the
+   mean of two drains on emptied tables before and after that history.
 2. statistics, with that history present and as many done deliveries in an old day's outbox
    partitions (``--outbox-done``): the operator's provider_stats, and per endpoint the relay's
    gauges (the queue's stats, undelivered_age) and `hookline status`'s endpoint_status
@@ -274,12 +275,13 @@ class DrainFigures:
     empty: list[float] = field(default_factory=list)
     old_history: float = 0.0
     today_history: list[float] = field(default_factory=list)
+    paired_empty: list[float] = field(default_factory=list)  # the drains alternating with today_history
     held: float = 0.0
 
     def ratios(self) -> dict[str, float]:
-        empty = sum(self.empty) / len(self.empty)
+        empty, paired = (sum(rates) / len(rates) for rates in (self.empty, self.paired_empty))
         return {"successive": min(later / self.successive[0] for later in self.successive[1:]),
-                "today": sum(self.today_history) / len(self.today_history) / empty, "held": self.held / empty,
+                "today": sum(self.today_history) / len(self.today_history) / paired, "held": self.held / paired,
                 "old": self.old_history / empty}
 
 
@@ -335,20 +337,25 @@ async def drains_on_empty_tables(pool: asyncpg.Pool, url: str, work: Path, args:
 
 async def drains_with_history_today(pool: asyncpg.Pool, url: str, work: Path, args: argparse.Namespace,
                                     figures: dict[str, DrainFigures]) -> None:
-    """Per path: --done-today million done rows of its own in today's partitions; a drain with them,
-    then again with a snapshot held open."""
+    """Per path, two rounds of: a drain on emptied tables, then one with --done-today million done rows
+    of its own in today's partition (alternating: single pairs of runs swung by a fifth); in the last
+    round one more with a snapshot held open."""
     for path in PATHS:
-        await empty_today(pool, path.tables)
-        started = time.perf_counter()
-        await fill_today(pool, path, args.done_today)
-        print(f"  {args.done_today:g} million done rows of {path.partition} in today's partition of "
-              f"{path.tables[-1]} ({time.perf_counter() - started:,.0f} s to load)", flush=True)
-        async with running(pool, path, url, work):
-            for n in range(2):  # the mean of two, as the empty drains it is compared with
+        for n in range(2):
+            await empty_today(pool, path.tables)
+            async with running(pool, path, url, work):
+                figures[path.name].paired_empty.append(rate := await drain(pool, path, args.pending))
+                show(path, f"round {n + 1} of 2: drain, emptied tables", rate)
+            started = time.perf_counter()
+            await fill_today(pool, path, args.done_today)
+            print(f"  {args.done_today:g} million done rows of {path.partition} in today's partition of "
+                  f"{path.tables[-1]} ({time.perf_counter() - started:,.0f} s to load)", flush=True)
+            async with running(pool, path, url, work):
                 figures[path.name].today_history.append(rate := await drain(pool, path, args.pending))
-                show(path, f"drain {n + 1} of 2, history in today's partition", rate)
-            figures[path.name].held = rate = await held_snapshot_drain(pool, url, path, args.pending)
-            show(path, "the same, snapshot held open", rate)
+                show(path, f"round {n + 1} of 2: drain, history in today's partition", rate)
+                if n == 1:
+                    figures[path.name].held = rate = await held_snapshot_drain(pool, url, path, args.pending)
+                    show(path, "the same, snapshot held open", rate)
         await empty_today(pool, path.tables)
 
 

@@ -36,6 +36,15 @@ VALUES
     ('legacy', 'dead-1', 't', '{"n": 5}', 'dead', 12, now(), NULL, NULL, now(), 'gave up', now() - interval '1 day')
 """
 
+# The old rows' provider, as the upgraded services run it: retries at once, leases short enough for
+# the expired one to be swept within the test.
+LEGACY_PROVIDER = """
+signature: {scheme: none}
+handler: "support.handlers:record_effect"
+retry: {maxAttempts: 12, initialDelaySeconds: 0, maxDelaySeconds: 0}
+leaseSeconds: 5
+"""
+
 SNAPSHOT = "SELECT id, provider, event_id, status, attempts, received_at, body FROM hookline.inbox ORDER BY id"
 
 
@@ -75,12 +84,7 @@ async def test_upgrade_keeps_every_event_and_its_state(old_database: str, log_di
     finally:
         await conn.close()
 
-    apply_provider(old_database, "legacy", """
-signature: {scheme: none}
-handler: "support.handlers:record_effect"
-retry: {maxAttempts: 12, initialDelaySeconds: 0, maxDelaySeconds: 0}
-leaseSeconds: 5
-""")
+    apply_provider(old_database, "legacy", LEGACY_PROVIDER)
     w = worker(old_database, log_dir, "--concurrency", "4", "--sweep")
     try:
         conn = await asyncpg.connect(old_database)
@@ -238,12 +242,7 @@ async def test_upgrade_drops_the_queue_state_statistics_and_workers_and_a_relay_
         finally:
             await conn.close()
 
-        apply_provider(old_database, "legacy", """
-signature: {scheme: none}
-handler: "support.handlers:record_effect"
-retry: {maxAttempts: 12, initialDelaySeconds: 0, maxDelaySeconds: 0}
-leaseSeconds: 5
-""")
+        apply_provider(old_database, "legacy", LEGACY_PROVIDER)
         services = [worker(old_database, log_dir, "--concurrency", "4", "--sweep"),
                     relay(old_database, log_dir, "--allow-private-networks")]
         try:
