@@ -145,15 +145,23 @@ async def test_a_worker_keeps_working_across_a_password_change(database_url: str
                                                                  log_dir: Path) -> None:
     """A real `hookline worker` logs in with the file; the password changes and the file is rewritten;
     every connection of the worker is ended, so each one it needs is a new one: the events after that
-    are processed too, and none is lost or done twice."""
+    are processed too, and none is lost or done twice. The worker polls only every ten minutes, so it
+    takes an event only when its LISTEN connection (a dedicated one, not the pool's) hears of it."""
     admin = await asyncpg.connect(database_url)
     await create_effect_tables(admin)
     apply_provider(database_url, "pwfile", HANDLER_PROVIDER)
+
+    async def told_and_counted() -> dict[str, int]:
+        # What the receiver's insert sends; the events here are inserted directly.
+        await admin.execute("SELECT pg_notify('hookline_inbox', 'pwfile')")
+        return await status_counts(admin)
+
     old = login.password
-    service = worker(login.url, log_dir, "--concurrency", "4", env={VARIABLE: str(login.password_file)})
+    service = worker(login.url, log_dir, "--concurrency", "4", "--poll-interval", "600",
+                     env={VARIABLE: str(login.password_file)})
     try:
         before = await insert_events(admin, "pwfile", 20)
-        await eventually(lambda: status_counts(admin), equals={"done": 20}, what="the first events done")
+        await eventually(told_and_counted, equals={"done": 20}, what="the first events done")
         login.refresh(await change_password(admin, login))
         rotated_at = await admin.fetchval("SELECT clock_timestamp()")
         ended = await admin.fetchval(
@@ -164,7 +172,7 @@ async def test_a_worker_keeps_working_across_a_password_change(database_url: str
             await asyncpg.connect(login.url, password=old)
 
         after = await insert_events(admin, "pwfile", 20)
-        await eventually(lambda: status_counts(admin), equals={"done": 40}, what="the events after the change done")
+        await eventually(told_and_counted, equals={"done": 40}, what="the events after the change done")
         effects = [r["event_id"] for r in await admin.fetch("SELECT event_id FROM test_effects")]
         assert sorted(effects) == sorted(before + after)  # each event's effect exactly once
         reconnected = await admin.fetchval(
