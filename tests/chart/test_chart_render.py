@@ -600,3 +600,11 @@ def test_the_database_password_file_reaches_every_process_of_the_release_and_no_
                                                for name in ("receiver", "relay", "operator", "migrate")}
     template = yaml.safe_load(rendered.one("ConfigMap", fullname("worker-template"))["data"]["template.yaml"])
     assert "HOOKLINE_DATABASE_PASSWORD_FILE" not in json.dumps(template) and "db-token" not in json.dumps(template)
+
+
+
+def test_a_password_file_with_the_dev_database_is_refused() -> None:
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmError, match=r"database\.passwordFile needs database\.existingSecret"):
+        render({"devPostgres": {"enabled": True}, "database": {"passwordFile": {"existingSecret": "db-token"}}})

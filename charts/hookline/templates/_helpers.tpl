@@ -112,6 +112,9 @@ checksum/secret-keys: {{ .Values.secretsAtRest.keys | toJson | sha256sum }}
 and migrate Job read it at each new connection; worker pods never get it (they log in as their own role). */}}
 {{- define "hookline.databasePasswordEnv" -}}
 {{- if .Values.database.passwordFile.existingSecret }}
+{{- if not .Values.database.existingSecret }}
+{{- fail "database.passwordFile needs database.existingSecret, a URL without a password (the dev Postgres's URL has one: the processes would refuse to start)" }}
+{{- end }}
 - name: HOOKLINE_DATABASE_PASSWORD_FILE
   value: /etc/hookline/database-password/password
 {{- end }}
