@@ -53,3 +53,27 @@ def test_dev_reads_no_database_url() -> None:
     assert Settings.for_command(args, {}).database_url == ""
     with pytest.raises(ConfigError, match="HOOKLINE_DATABASE_URL is not set"):
         Settings.for_command(build_parser().parse_args(["worker"]), {})
+
+
+def test_the_services_carry_the_database_password_file(tmp_path: Path) -> None:
+    """HOOKLINE_DATABASE_PASSWORD_FILE: checked at start-up (readable, not empty, the URL without a
+    password), then carried beside the URL; its content is in no error. `hookline dev` reads none."""
+    path = tmp_path / "password"
+    path.write_text("s3cret-token\n")
+    for command in ("receiver", "worker", "relay"):
+        assert settings(command, HOOKLINE_DATABASE_PASSWORD_FILE=str(path)).database_password_file == path
+    assert settings("worker").database_password_file is None
+    args = build_parser().parse_args(["dev"])
+    assert Settings.for_command(args, {"HOOKLINE_DATABASE_PASSWORD_FILE": str(path)}).database_password_file is None
+    bad = {str(tmp_path / "absent"): "HOOKLINE_DATABASE_PASSWORD_FILE: cannot read .*absent: No such file",
+           str(tmp_path): "HOOKLINE_DATABASE_PASSWORD_FILE: cannot read .*: Is a directory"}
+    (tmp_path / "empty").write_text("\n")
+    bad[str(tmp_path / "empty")] = "HOOKLINE_DATABASE_PASSWORD_FILE: .*empty is empty"
+    for configured, message in bad.items():
+        with pytest.raises(ConfigError, match=message):
+            settings("worker", HOOKLINE_DATABASE_PASSWORD_FILE=configured)
+    for url in ("postgresql://hookline:hunter2@db/hookline", "postgresql://hookline@db/hookline?password=hunter2"):
+        with pytest.raises(ConfigError, match="HOOKLINE_DATABASE_URL has a password and "
+                                              "HOOKLINE_DATABASE_PASSWORD_FILE is set") as refused:
+            settings("worker", HOOKLINE_DATABASE_URL=url, HOOKLINE_DATABASE_PASSWORD_FILE=str(path))
+        assert "hunter2" not in str(refused.value)

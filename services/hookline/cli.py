@@ -138,6 +138,8 @@ TRACED = ("dev", "receiver", "worker", "relay")
 ENVIRONMENT = """\
 environment:
   HOOKLINE_DATABASE_URL   postgresql:// URL of the database (required)
+  HOOKLINE_DATABASE_PASSWORD_FILE  a file with the password of the URL's user (then not in the URL),
+                          read at every new connection: for tokens refreshed in place (RDS IAM and others)
   HOOKLINE_SECRET_KEYS_FILE  the keys that encrypt signing secrets at rest, one base64 32-byte key
                           a line, the first encrypts (required wherever a secret is written or read)
   HOOKLINE_LOG_FORMAT     json or text (default: text on a terminal, json otherwise)

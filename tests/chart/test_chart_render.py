@@ -568,3 +568,43 @@ def test_a_key_that_is_not_32_bytes_of_base64_is_refused() -> None:
 
     with pytest.raises(helm.HelmValuesError, match="secretsAtRest"):
         render(deep_merge(MINIMAL, {"secretsAtRest": {"keys": ["too-short"]}}))
+
+
+# -- a database password read from a file (values database.passwordFile) -----------------------------
+
+def _password_file_mounts(rendered: Rendered) -> dict[str, tuple[str, str]]:
+    """Component -> (Secret, key) its HOOKLINE_DATABASE_PASSWORD_FILE comes from, for every pod with one."""
+    found = {}
+    for obj, pod in rendered.workloads():
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for container in pod["containers"]:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            if "HOOKLINE_DATABASE_PASSWORD_FILE" not in env:
+                continue
+            directory, filename = env["HOOKLINE_DATABASE_PASSWORD_FILE"].rsplit("/", 1)
+            mount = {m["mountPath"]: m for m in container["volumeMounts"]}[directory]
+            # No subPath: the kubelet rewrites the file when the Secret changes, as a refreshed token must be.
+            assert mount["readOnly"] is True and "subPath" not in mount
+            secret = volumes[mount["name"]]["secret"]
+            (item,) = secret["items"]
+            assert item["path"] == filename
+            found[obj["metadata"]["labels"]["app.kubernetes.io/component"]] = (secret["secretName"], item["key"])
+    return found
+
+
+def test_the_database_password_file_reaches_every_process_of_the_release_and_no_worker() -> None:
+    assert _password_file_mounts(render_default()) == {}
+    rendered = render(deep_merge(MINIMAL, {"database": {"passwordFile": {"existingSecret": "db-token",
+                                                                         "secretKey": "token"}}}))
+    assert _password_file_mounts(rendered) == {name: ("db-token", "token")
+                                               for name in ("receiver", "relay", "operator", "migrate")}
+    template = yaml.safe_load(rendered.one("ConfigMap", fullname("worker-template"))["data"]["template.yaml"])
+    assert "HOOKLINE_DATABASE_PASSWORD_FILE" not in json.dumps(template) and "db-token" not in json.dumps(template)
+
+
+
+def test_a_password_file_with_the_dev_database_is_refused() -> None:
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmError, match=r"database\.passwordFile needs database\.existingSecret"):
+        render({"devPostgres": {"enabled": True}, "database": {"passwordFile": {"existingSecret": "db-token"}}})

@@ -28,6 +28,13 @@ async def record_effect(event: Any, conn: asyncpg.Connection) -> None:
                        event.provider, event.event_id, event.event_type)
 
 
+async def record_effect_in_its_transaction(event: Any, conn: asyncpg.Connection) -> None:
+    """The effect alone, with no count on a connection of its own (which would need the password in
+    HOOKLINE_DATABASE_URL): for workers that log in with a password file."""
+    await conn.execute("INSERT INTO test_effects (provider, event_id, event_type) VALUES ($1, $2, $3)",
+                       event.provider, event.event_id, event.event_type)
+
+
 async def record_effect_slowly(event: Any, conn: asyncpg.Connection) -> None:
     await _record_call(event)
     await asyncio.sleep(float(os.environ.get("TEST_HANDLER_SLEEP", "0.3")))

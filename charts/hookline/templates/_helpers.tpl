@@ -108,6 +108,39 @@ checksum/secret-keys: {{ .Values.secretsAtRest.keys | toJson | sha256sum }}
         path: keys
 {{- end }}
 
+{{/* The database password file (values database.passwordFile), when set: the receiver, relay, operator
+and migrate Job read it at each new connection; worker pods never get it (they log in as their own role). */}}
+{{- define "hookline.databasePasswordEnv" -}}
+{{- if .Values.database.passwordFile.existingSecret }}
+{{- if not .Values.database.existingSecret }}
+{{- fail "database.passwordFile needs database.existingSecret, a URL without a password (the dev Postgres's URL has one: the processes would refuse to start)" }}
+{{- end }}
+- name: HOOKLINE_DATABASE_PASSWORD_FILE
+  value: /etc/hookline/database-password/password
+{{- end }}
+{{- end }}
+
+{{- define "hookline.databasePasswordMount" -}}
+{{- if .Values.database.passwordFile.existingSecret }}
+- name: database-password
+  mountPath: /etc/hookline/database-password
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* No subPath: the kubelet then updates the file when the Secret changes (a refreshed token). */}}
+{{- define "hookline.databasePasswordVolume" -}}
+{{- if .Values.database.passwordFile.existingSecret }}
+- name: database-password
+  secret:
+    secretName: {{ .Values.database.passwordFile.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.database.passwordFile.secretKey }}
+        path: password
+{{- end }}
+{{- end }}
+
 {{/* Environment shared by every Hookline container. */}}
 {{- define "hookline.commonEnv" -}}
 - name: HOOKLINE_DATABASE_URL

@@ -20,12 +20,13 @@ import functools
 import importlib.resources
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from hookline.core import metrics
-from hookline.core.settings import database_url
+from hookline.core.settings import database_password_file, database_url, read_password_file
 
 _QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _DEFAULT = r"[A-Za-z_][\w.]*|'[^'\\]*'"
@@ -156,11 +157,38 @@ def local_settings(which: int) -> str:
     return "; ".join(f"SET LOCAL {name} = {values[which]}" for name, values in GENERIC_PLAN_SETTINGS.items())
 
 
+class PasswordFile:
+    """asyncpg's ``password`` when the password lives in a file (HOOKLINE_DATABASE_PASSWORD_FILE):
+    asyncpg calls it for each connection it opens, a pool's included, so a token a sidecar or CSI
+    driver rewrites in place is used from the next connection on; open connections keep theirs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __call__(self) -> str:
+        # Read in the event loop, not a thread: a few bytes from a local (tmpfs) file, once per new
+        # connection, cost less than handing them to a thread would. What cannot be read raises an
+        # OSError (PasswordFileError included): one of DATABASE_ERRORS, retried as callers retry those.
+        return read_password_file(self.path)
+
+    def __repr__(self) -> str:  # the path only: the value must never reach a log
+        return f"PasswordFile({str(self.path)!r})"
+
+
+def connect_arguments(url: str | None = None, password_file: Path | None = None) -> dict[str, Any]:
+    """Where asyncpg.connect and asyncpg.create_pool connect: ``url`` (None: HOOKLINE_DATABASE_URL, with
+    HOOKLINE_DATABASE_PASSWORD_FILE) and, given a password file, the password read from it for each new
+    connection. The one place that says so: every connection Hookline opens is opened from these."""
+    if not url:
+        url, password_file = database_url(), database_password_file()
+    return {"dsn": url, **({"password": PasswordFile(password_file)} if password_file is not None else {})}
+
+
 async def create_pool(
-    url: str | None = None, *, min_size: int = 1, max_size: int = 10, command_timeout: float = 30.0,
-    lean: bool = False, generic_plans: bool = False, pinned_search_path: bool = False,
+    url: str | None = None, *, password_file: Path | None = None, min_size: int = 1, max_size: int = 10,
+    command_timeout: float = 30.0, lean: bool = False, generic_plans: bool = False, pinned_search_path: bool = False,
 ) -> asyncpg.Pool:
-    """A pool with Hookline's type codecs; ``url`` defaults to HOOKLINE_DATABASE_URL.
+    """A pool with Hookline's type codecs; ``url`` and ``password_file``: see connect_arguments.
 
     ``lean`` pools skip the per-release ``RESET ALL; UNLISTEN *; ...`` round trip, which
     costs a service as much as the statement it runs. Code on such a pool (handlers
@@ -180,7 +208,7 @@ async def create_pool(
     settings = {**({name: value for name, (value, _) in GENERIC_PLAN_SETTINGS.items()} if generic_plans else {}),
                 **(PINNED_SEARCH_PATH if pinned_search_path else {})}
     pool = await asyncpg.create_pool(
-        url or database_url(),
+        **connect_arguments(url, password_file),
         min_size=min_size,
         max_size=max_size,
         command_timeout=command_timeout,
@@ -193,9 +221,11 @@ async def create_pool(
     return pool
 
 
-async def connect(url: str | None = None, *, pinned_search_path: bool = False) -> asyncpg.Connection:
-    """A single connection (for LISTEN, migrations and one-shot commands)."""
-    conn = await asyncpg.connect(url or database_url(),
+async def connect(url: str | None = None, *, password_file: Path | None = None,
+                  pinned_search_path: bool = False) -> asyncpg.Connection:
+    """A single connection (for LISTEN, migrations and one-shot commands); ``url`` and
+    ``password_file``: see connect_arguments."""
+    conn = await asyncpg.connect(**connect_arguments(url, password_file),
                                  **({"server_settings": PINNED_SEARCH_PATH} if pinned_search_path else {}))
     await _init_connection(conn)
     return conn

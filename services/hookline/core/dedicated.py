@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 
 import asyncpg
 
@@ -19,13 +20,15 @@ PROBE_INTERVAL = 5.0  # seconds between liveness probes of an idle held connecti
 
 
 class DedicatedConnection:
-    def __init__(self, url: str | None = None, probe_interval: float = PROBE_INTERVAL) -> None:
-        """``url``: the database's (None: HOOKLINE_DATABASE_URL)."""
+    def __init__(self, url: str | None = None, probe_interval: float = PROBE_INTERVAL, *,
+                 password_file: Path | None = None) -> None:
+        """``url``: the database's (None: HOOKLINE_DATABASE_URL); ``password_file``: see db.connect_arguments."""
         self._url = url
+        self._password_file = password_file
         self.probe_interval = probe_interval
 
     async def open(self) -> asyncpg.Connection:
-        return await db.connect(self._url, pinned_search_path=True)
+        return await db.connect(self._url, password_file=self._password_file, pinned_search_path=True)
 
     async def close(self, conn: asyncpg.Connection) -> None:
         # Terminated rather than closed politely: its LISTENs and locks end with the session at once.

@@ -10,7 +10,8 @@ Host owns:
 - one ``Maintainer`` per scope (``inbox``, ``outbox``, ``partitions``) running the jobs its components
   contribute; a job two components contribute under one name (the partition manager of a worker
   that sweeps and of a relay, in ``hookline dev``) runs once;
-- every dedicated connection (LISTEN, one election lease per scope), each opened from the database URL;
+- every dedicated connection (LISTEN, one election lease per scope), each opened from the database URL
+  (and password file) as the pool's;
 - the ops HTTP server (/healthz, /readyz, /metrics) at ``settings.ops``, when set.
 
 Start: pool, listener, registry, ops server, components in order, maintainers. Stop: the reverse (the
@@ -126,10 +127,11 @@ class Host:
             raise
 
     async def _start(self) -> None:
-        settings, url = self.settings, self.settings.database_url
-        self.pool = await db.create_pool(url, min_size=self.pool_min, max_size=self.pool_size, lean=True,
+        settings = self.settings
+        self.pool = await db.create_pool(settings.database_url, password_file=settings.database_password_file,
+                                         min_size=self.pool_min, max_size=self.pool_size, lean=True,
                                          generic_plans=self.generic_plans, pinned_search_path=True)
-        self.listener = Listener(DedicatedConnection(url))
+        self.listener = Listener(self._dedicated())
         await self.listener.start()
         uses = [need.registry for need in self.needs if need.registry is not None]
         if uses:
@@ -155,8 +157,11 @@ class Host:
                 # A leader's job in a scope nobody counted a lease connection for would be a bug.
                 assert scope in by_scope, f"{type(component).__name__} has a job in undeclared scope {scope!r}"
                 by_scope[scope].setdefault(job.name, job)
-        return [Maintainer(scope, list(jobs.values()), DedicatedConnection(self.settings.database_url))
-                for scope, jobs in by_scope.items() if jobs]
+        return [Maintainer(scope, list(jobs.values()), self._dedicated()) for scope, jobs in by_scope.items() if jobs]
+
+    def _dedicated(self) -> DedicatedConnection:
+        """A connection of its own, to the pool's database with the pool's password (file)."""
+        return DedicatedConnection(self.settings.database_url, password_file=self.settings.database_password_file)
 
     async def stop(self) -> None:
         # One part that fails to stop must not keep the others (and the pool) open.

@@ -6,6 +6,10 @@ A bad value raises ``ConfigError`` naming the flag or variable, which the CLI pr
 (exit status 2). The settings are frozen: a component reads its own part (``settings.receiver``,
 ``.worker``, ``.relay``) and the ``Host`` (core/host.py) the rest.
 
+``HOOKLINE_DATABASE_PASSWORD_FILE`` (``database_password_file``) names a file read at every new
+connection (core/db.py): the services' settings carry its path beside the URL; the one-shot commands
+and the operator, which connect to HOOKLINE_DATABASE_URL, read both when they connect.
+
 Some are read at each use rather than once, each by its own function here: ``HOOKLINE_SECRET_KEYS_FILE``
 (``keys_file``, by core/secrets_at_rest.py: `hookline dev` names its own file after start-up),
 ``HOOKLINE_HANDLER_SEARCH_PATH`` (``handler_search_path``, when worker/processing.py is imported),
@@ -26,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
 
 from hookline.core.config import ConfigError
 
@@ -36,6 +41,7 @@ if TYPE_CHECKING:  # imported where used: the parser (cli.py) reads this module'
 Environ = Mapping[str, str]
 
 DATABASE_URL = "HOOKLINE_DATABASE_URL"
+DATABASE_PASSWORD_FILE = "HOOKLINE_DATABASE_PASSWORD_FILE"
 LOG_FORMAT, LOG_LEVEL = "HOOKLINE_LOG_FORMAT", "HOOKLINE_LOG_LEVEL"
 REUSE_PORT = "HOOKLINE_REUSE_PORT"  # set by `hookline receiver --processes N` for its children
 DESTINATION_SECRET_FILE = "HOOKLINE_DESTINATION_SECRET_FILE"
@@ -76,6 +82,50 @@ def database_url(environ: Environ = os.environ) -> str:
     if not url.startswith(("postgresql://", "postgres://")):
         raise ConfigError(f"{DATABASE_URL} must be a postgresql:// URL")
     return url
+
+
+def database_password_file(environ: Environ = os.environ) -> Path | None:
+    """HOOKLINE_DATABASE_PASSWORD_FILE: a file holding the password of HOOKLINE_DATABASE_URL's user,
+    read anew for every connection Hookline opens (core/db.py), so that a short-lived token (RDS IAM,
+    Cloud SQL IAM, Entra ID) can be refreshed in place; None when unset.
+
+    Checked here, at start-up: the file must be readable and hold a password, and the URL must carry
+    none (two sources of one password: the stale one would win or lose silently). The content is never
+    part of an error, only the path."""
+    configured = environ.get(DATABASE_PASSWORD_FILE, "").strip()
+    if not configured:
+        return None
+    path = Path(configured)
+    url = urlsplit(environ.get(DATABASE_URL, "").strip())
+    if url.password is not None or "password" in parse_qs(url.query):
+        raise ConfigError(f"{DATABASE_URL} has a password and {DATABASE_PASSWORD_FILE} is set: give the password "
+                          "one way (remove it from the URL to use the file)")
+    try:
+        read_password_file(path)
+    except PasswordFileError as exc:
+        raise ConfigError(str(exc)) from None
+    except OSError as exc:
+        raise ConfigError(f"{DATABASE_PASSWORD_FILE}: cannot read {path}: {exc.strerror or exc}") from None
+    return path
+
+
+class PasswordFileError(OSError):
+    """The password file holds no password (empty: a writer caught mid-rewrite, or not text). An
+    OSError, as a file that cannot be read is: a connection that meets it is retried later, as one to
+    an unreachable server is (core/db.py DATABASE_ERRORS). Its message names the file, never its content."""
+
+
+def read_password_file(path: Path) -> str:
+    """The password in ``path``: its text less one trailing newline (what `echo` and most token
+    writers add); anything else, other whitespace included, is part of the password."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise PasswordFileError(f"{DATABASE_PASSWORD_FILE}: {path} is not UTF-8 text") from None
+    password = text.removesuffix("\n").removesuffix("\r") if text.endswith("\n") else text
+    if not password:
+        raise PasswordFileError(f"{DATABASE_PASSWORD_FILE}: {path} is empty")
+    return password
 
 
 def env_flag(name: str, default: bool = False, environ: Environ = os.environ) -> bool:
@@ -280,7 +330,8 @@ class RelaySettings:
 @dataclass(frozen=True)
 class Settings:
     """One process's settings. ``database_url`` is where everything connects, the pool and every
-    dedicated connection alike; ``ops``: the worker's or relay's ops address (None: none)."""
+    dedicated connection alike, with the password in ``database_password_file`` when that is set;
+    ``ops``: the worker's or relay's ops address (None: none)."""
 
     database_url: str
     receiver: ReceiverSettings = field(default_factory=ReceiverSettings)
@@ -288,29 +339,32 @@ class Settings:
     relay: RelaySettings = field(default_factory=RelaySettings)
     retention: Retention = field(default_factory=lambda: _retention())
     ops: OpsAddress | None = None
+    database_password_file: Path | None = None
 
     @classmethod
     def for_command(cls, args: argparse.Namespace, environ: Environ = os.environ) -> Settings:
         """The settings of ``hookline receiver|worker|relay|dev`` from its parsed ``args`` and the environment."""
-        # `hookline dev` reads no HOOKLINE_DATABASE_URL: its database is the embedded one, known once it runs.
-        url = "" if args.command == "dev" else database_url(environ)
+        # `hookline dev` reads no HOOKLINE_DATABASE_URL (nor its password file): its database is the
+        # embedded one, known once it runs.
+        if args.command == "dev":
+            # The whole stack on one pool, as `hookline dev` always ran it: its receiver with the
+            # default limits, a small worker that also sweeps, a relay for endpoints on this machine.
+            return cls("", receiver=ReceiverSettings(host=args.host, port=args.port),
+                       worker=WorkerSettings(concurrency=8, sweep=True),
+                       relay=RelaySettings(concurrency=16, allow_private_networks=True),
+                       retention=retention_from_env(environ))
+        url, password_file = database_url(environ), database_password_file(environ)
         if args.command == "receiver":
-            return cls(url, receiver=_receiver(args, environ))
+            return cls(url, receiver=_receiver(args, environ), database_password_file=password_file)
         # The retention variables are read where a partition manager may run: a relay, `worker --sweep`, dev.
         if args.command == "worker":
             return cls(url, worker=_worker(args, environ),
                        retention=retention_from_env(environ) if args.sweep else _retention(),
-                       ops=OpsAddress(args.host, args.port))
-        retention = retention_from_env(environ)
+                       ops=OpsAddress(args.host, args.port), database_password_file=password_file)
         if args.command == "relay":
-            relay, retention = _relay(args, environ, retention)
-            return cls(url, relay=relay, retention=retention, ops=OpsAddress(args.host, args.port))
-        if args.command == "dev":
-            # The whole stack on one pool, as `hookline dev` always ran it: its receiver with the
-            # default limits, a small worker that also sweeps, a relay for endpoints on this machine.
-            return cls(url, receiver=ReceiverSettings(host=args.host, port=args.port),
-                       worker=WorkerSettings(concurrency=8, sweep=True),
-                       relay=RelaySettings(concurrency=16, allow_private_networks=True), retention=retention)
+            relay, retention = _relay(args, environ, retention_from_env(environ))
+            return cls(url, relay=relay, retention=retention, ops=OpsAddress(args.host, args.port),
+                       database_password_file=password_file)
         raise ValueError(f"no service settings for `hookline {args.command}`")
 
 
