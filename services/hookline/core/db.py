@@ -152,9 +152,12 @@ GENERIC_PLAN_SETTINGS = {
 
 
 
-def local_settings(which: int) -> str:
-    """``SET LOCAL`` of every GENERIC_PLAN_SETTINGS: 0, the pool's; 1, Postgres's defaults."""
-    return "; ".join(f"SET LOCAL {name} = {values[which]}" for name, values in GENERIC_PLAN_SETTINGS.items())
+# The same as ``SET LOCAL``s, for a transaction on such a pool: Postgres's defaults (a handler's
+# code), and the pool's again (Hookline's statements after a handler's, in its transaction).
+DEFAULT_PLAN_SETTINGS_LOCAL = "; ".join(f"SET LOCAL {name} = {default}"
+                                        for name, (_, default) in GENERIC_PLAN_SETTINGS.items())
+GENERIC_PLAN_SETTINGS_LOCAL = "; ".join(f"SET LOCAL {name} = {value}"
+                                        for name, (value, _) in GENERIC_PLAN_SETTINGS.items())
 
 
 class PasswordFile:

@@ -140,7 +140,7 @@ class Completer:
     async def complete(self, conn: asyncpg.Connection, done: Sequence[tuple[int, int]]) -> set[int]:
         """Mark (id, attempts) pairs done in ``conn``'s transaction (a handler's, which plans as Postgres
         does by default: the pool's plan settings come back first); the ids whose lease was still ours."""
-        await conn.execute(db.local_settings(0))
+        await conn.execute(db.GENERIC_PLAN_SETTINGS_LOCAL)
         return await INBOX.complete(conn, done, self.worker_id)
 
     async def complete_later(self, event: Event, provider: Provider) -> Result:

@@ -139,7 +139,7 @@ def savepoint_name(position: int) -> str:
 # indexes (db.GENERIC_PLAN_SETTINGS). They name their tables as they would anywhere: on the search path
 # HOOKLINE_HANDLER_SEARCH_PATH (Postgres's default unless set), where the worker's own statements run
 # on a pinned one (db.PINNED_SEARCH_PATH).
-HANDLER_SETTINGS = f"{db.local_settings(1)}; SET LOCAL search_path = {settings.handler_search_path()}"
+HANDLER_SETTINGS = f"{db.DEFAULT_PLAN_SETTINGS_LOCAL}; SET LOCAL search_path = {settings.handler_search_path()}"
 
 
 @contextlib.asynccontextmanager
