@@ -149,9 +149,6 @@ GENERIC_PLAN_SETTINGS = {
     "enable_seqscan": ("off", "on"),
     "enable_sort": ("off", "on"),
 }
-
-
-
 # The same as ``SET LOCAL``s, for a transaction on such a pool: Postgres's defaults (a handler's
 # code), and the pool's again (Hookline's statements after a handler's, in its transaction).
 DEFAULT_PLAN_SETTINGS_LOCAL = "; ".join(f"SET LOCAL {name} = {default}"
