@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import itertools
 import os
 import subprocess
 import time
@@ -209,14 +210,12 @@ CLOCK = {
 }
 ROUNDS = 3  # of the comparison with history in today's partition
 POLL = 0.2  # as the issue measured: the count walks the partial indexes too, and costs what it polls
-drains_done = 0
+DRAIN_TAGS = (f"d{n}_" for n in itertools.count(1))  # each drain's rows by their event ids
 
 
 async def drain(pool: asyncpg.Pool, path: DrainPath, pending: int) -> float:
     """Rows per second: ``pending`` new rows drained by the path's services."""
-    global drains_done
-    drains_done += 1
-    tag = f"d{drains_done}_"
+    tag = next(DRAIN_TAGS)
     await path.add(pool, path.partition, pending, tag)
     committed = await pool.fetchval("SELECT clock_timestamp()")
     started = time.perf_counter()

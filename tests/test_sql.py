@@ -326,3 +326,58 @@ async def test_new_partitions_take_their_parents_zero_statistics_targets(pool: a
     # As the parents have them (migration 0028); the outbox's events have no such columns.
     assert by_table == {"inbox": {"status"}, "deliveries": {"status", "attempts"}}
     assert len(zero) == sum(1 if "inbox_p" in n else 2 if "deliveries_p" in n else 0 for n in created)
+
+
+async def generic_claim_plan_after_filling(conn: asyncpg.Connection, case: QueueCase) -> list[dict[str, Any]]:
+    """The claim's generic plan made while today's partition was empty (vacuumed so), as a pool's
+    connection caches it, then run on the partition filled with 20,000 pending rows."""
+    burst = DRAINED_THEN_BURST[case.name][1]
+    await conn.execute("INSERT INTO hookline.endpoints (name, url) VALUES ('p', 'https://example.com/hook')")
+    await conn.execute(f"VACUUM ANALYZE {case.queue.table}")
+    params = "text, int, text, float8, timestamptz"
+    await conn.execute(f"PREPARE claim_now ({params}) AS {case.queue.sql('claim')}")
+    await conn.execute("BEGIN")
+    await conn.execute("EXECUTE claim_now('p', 32, 'w', 30, NULL)")  # planned here, on the empty table
+    await conn.execute("ROLLBACK")
+    await conn.execute(burst, 20_000)
+    await conn.execute("BEGIN")
+    try:
+        explain_it = "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim_now('p', 32, 'w', 30, NULL)"
+        plan = json.loads(await conn.fetchval("SELECT pg_temp.explain_cached($1)", explain_it))
+    finally:
+        await conn.execute("ROLLBACK")
+    return nodes(plan)
+
+
+EXPLAIN_CACHED = """
+CREATE FUNCTION pg_temp.explain_cached(statement text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE plan text;
+BEGIN
+    EXECUTE statement INTO plan;
+    RETURN plan;
+END $$;
+"""
+
+
+@pytest.mark.parametrize("case", QUEUES, ids=[q.name for q in QUEUES])
+@pytest.mark.parametrize("pool_settings", [True, False], ids=["pool-settings", "without"])
+async def test_a_generic_plan_made_on_an_empty_partition_stays_an_index_read_as_it_fills(
+        database_url: str, case: QueueCase, pool_settings: bool) -> None:
+    # What the worker's and the relay's pools set (db.GENERIC_PLAN_SETTINGS); without the planner
+    # settings (plan_cache_mode alone, as before issue 26) the plan read the whole partition and sorted.
+    settings = {name: value for name, (value, _) in db.GENERIC_PLAN_SETTINGS.items()
+                if pool_settings or name == "plan_cache_mode"}
+    conn = await asyncpg.connect(database_url, server_settings=settings)
+    try:
+        await conn.execute(EXPLAIN_CACHED)
+        plan = await generic_claim_plan_after_filling(conn, case)
+    finally:
+        await conn.close()
+    # A sequential scan that met rows (returned or filtered out): the filled partition read whole.
+    today = {n["Relation Name"] for n in plan if n["Node Type"] == "Seq Scan"
+             and n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0) > 0}
+    sorts = [n for n in plan if n["Node Type"] == "Sort"]
+    if pool_settings:
+        assert not today and not sorts, f"the claim read a filled partition whole: {today}, sorts {len(sorts)}"
+    else:
+        assert today or sorts, "without the pool's planner settings the plan was expected to read it whole"
