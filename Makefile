@@ -9,7 +9,7 @@ STAMP   = $(VENV)/.installed-$(HASH)
 RUN_STAMP = $(VENV)/.installed-run-$(HASH)
 ARGS   ?=
 
-.PHONY: run test lint typecheck pytest schema docs chart-docs crds helm-docs bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images clean help
+.PHONY: run test lint typecheck pytest schema docs chart-docs crds helm-docs bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images engines clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -44,7 +44,7 @@ lint: $(STAMP)  ## ruff
 typecheck: $(STAMP)  ## mypy --strict on the project's packages
 	$(BIN)/mypy
 
-pytest: $(STAMP) envtest helm-docs prometheus cluster images  ## the test suite (real Postgres, real processes, a real kube-apiserver, Prometheus and pods on a local cluster)
+pytest: $(STAMP) envtest helm-docs prometheus cluster images engines  ## the test suite (real Postgres, real processes, a real kube-apiserver, Prometheus and pods on a local cluster, failover, PgBouncer)
 	$(BIN)/pytest $(ARGS)
 
 schema: $(STAMP)  ## rewrite services/hookline/core/sql/schema.sql, the current schema as one file, from the migrations
@@ -80,6 +80,9 @@ prometheus:  ## prometheus and promtool from PATH, or built once per machine (ca
 	else \
 		echo "prometheus: no binaries and no Go toolchain; monitoring tests will be skipped (HOOKLINE_REQUIRE_PROMETHEUS=1 makes that an error)"; \
 	fi
+
+engines:  ## apt-get Debian's Postgres 15, pg_auto_failover and PgBouncer once per machine (the failover, pooler and second-major tests)
+	tests/engines/install.sh
 
 images:  ## build the hookline and hookline-service images with podman from a debootstrapped base, no Docker or registry (OCI archives in ~/.cache/hookline/images)
 	nice -n 19 tests/images/build.sh
