@@ -20,13 +20,14 @@ outcome sync reads from the memo, so the writers never disagree for longer than 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 from urllib.parse import urlsplit
 
 import kopf
 
-from hookline.core import db, http, pools
+from hookline.core import db, durability, http, pools
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.maintenance import Maintainer
 from hookline.core.tasks import cancel_and_wait
@@ -98,6 +99,8 @@ async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any)
     # acquire, per resource and tick); nothing here leaves session state behind.
     memo.pool = await db.create_pool(min_size=1, max_size=pools.OPERATOR - pools.LEADER_LOCK, lean=True,
                                      pinned_search_path=True)
+    memo.tasks.append(asyncio.create_task(
+        durability.watch(memo.pool, await durability.check_at_start(memo.pool)), name="durability"))
     # Its own connection (HOOKLINE_DATABASE_URL), counted in pools.OPERATOR but not taken from the pool.
     memo.maintainer = Maintainer("inbox", [stats.refresher(memo.pool, memo.stats, memo.interval),
                                            leases.lease_sweeper(memo)], DedicatedConnection())

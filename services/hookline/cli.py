@@ -506,7 +506,10 @@ def configure_status_parser(subparsers: Subparsers) -> None:
         subparsers, "status", "what is stuck, for which provider or endpoint, since when",
         description="Per provider: events due, retrying, deferred, processing and dead, how long the oldest "
         "due event has waited, events accepted and attempts failed in the last 5 minutes. Per endpoint: "
-        "deliveries pending, parked and dead, the circuit, the last answer. Reads indexes only.\n\n"
+        "deliveries pending, parked and dead, the circuit, the last answer. Reads indexes only. Then the "
+        "database's durability: synchronous_commit, the synchronous standbys configured and connected, fsync "
+        "and full_page_writes, with a warning when a failover or crash can lose acknowledged events (a "
+        "warning only: it does not make the status unhealthy; docs/postgres.md says how to fix each).\n\n"
         "Exit status: 0 healthy; 1 unhealthy, which means any of: dead events or dead deliveries, a "
         "provider whose oldest due event has waited longer than --max-oldest-due, an endpoint whose "
         "circuit is open, an endpoint disabled (by a 410). Retries, deferrals and half-open circuits are "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -66,3 +67,16 @@ async def database_with_providers(server: PgServer, providers_yaml: str) -> Asyn
         yield url
     finally:
         await server.drop_database(name)
+
+
+def start_standby(primary: EmbeddedPostgres, data_dir: Path) -> EmbeddedPostgres:
+    """A streaming standby of ``primary`` (pg_basebackup -R), started on a port of its own; it connects
+    as application ``walreceiver``. Uses EmbeddedPostgres's internals: a standby is a test's need only."""
+    standby = EmbeddedPostgres(data_dir, install=primary._install_source)
+    standby.data_dir.mkdir(parents=True, exist_ok=True)
+    standby._choose_home()
+    standby._run("pg_basebackup", "-d", primary.url, "-D", str(standby.pgdata), "-R", "-X", "stream",
+                 "--no-sync", "-c", "fast")
+    standby._save_password(primary.password)  # a copy of the primary: the same roles and passwords
+    standby.start()
+    return standby

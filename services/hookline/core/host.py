@@ -12,7 +12,9 @@ Host owns:
   that sweeps and of a relay, in ``hookline dev``) runs once;
 - every dedicated connection (LISTEN, one election lease per scope), each opened from the database URL
   (and password file) as the pool's;
-- the ops HTTP server (/healthz, /readyz, /metrics) at ``settings.ops``, when set.
+- the ops HTTP server (/healthz, /readyz, /metrics) at ``settings.ops``, when set;
+- the durability watch (core/durability.py): a log line at start, and whenever what a failover can
+  lose changes.
 
 Start: pool, listener, registry, ops server, components in order, maintainers. Stop: the reverse (the
 ops server answers /healthz while the components drain).
@@ -20,6 +22,7 @@ ops server answers /healthz while the components drain).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,12 +32,13 @@ from typing import Protocol, TypeVar
 import asyncpg
 from aiohttp import web
 
-from hookline.core import db, http, pools
+from hookline.core import db, durability, http, pools
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.listener import Listener
 from hookline.core.maintenance import Job, Maintainer
 from hookline.core.providers import ProviderRegistry
 from hookline.core.settings import Settings
+from hookline.core.tasks import cancel_and_wait
 
 C = TypeVar("C")
 
@@ -103,6 +107,7 @@ class Host:
         self.listener: Listener | None = None
         self.registry: ProviderRegistry | None = None
         self._ops: web.AppRunner | None = None
+        self._durability: asyncio.Task[None] | None = None
 
     def component(self, kind: type[C]) -> C:
         """The running component of class ``kind`` (for tests that look inside)."""
@@ -131,6 +136,8 @@ class Host:
         self.pool = await db.create_pool(settings.database_url, password_file=settings.database_password_file,
                                          min_size=self.pool_min, max_size=self.pool_size, lean=True,
                                          generic_plans=self.generic_plans, pinned_search_path=True)
+        self._durability = asyncio.create_task(
+            durability.watch(self.pool, await durability.check_at_start(self.pool)), name="durability")
         self.listener = Listener(self._dedicated())
         await self.listener.start()
         uses = [need.registry for need in self.needs if need.registry is not None]
@@ -171,6 +178,9 @@ class Host:
                 await part.stop()
             except Exception:
                 log.exception("stopping failed; stopping the rest", extra={"part": type(part).__name__})
+        if self._durability is not None:
+            await cancel_and_wait(self._durability)
+            self._durability = None
         if self._ops is not None:
             await self._ops.cleanup()
             self._ops = None

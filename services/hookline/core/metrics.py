@@ -211,3 +211,15 @@ partition_rows_kept = Gauge(
 partition_rows_in_default = Gauge(
     "hookline_partition_default_rows",
     "Rows in a table's default partition (no partition covered their time: the manager fell behind).", ["table"])
+
+# What the database does to keep an acknowledged commit (core/durability.py), read by every service at
+# start and every minute.
+DURABILITY_WARNINGS = ("fsync_off", "full_page_writes_off", "synchronous_commit_off", "no_synchronous_standby",
+                       "standby_not_awaited", "synchronous_standby_disconnected")
+database_synchronous_standbys = Gauge(
+    "hookline_database_synchronous_standbys",
+    "Synchronous standbys connected to the database now, as this process's role can see them.")
+database_durability_warning = Gauge(
+    "hookline_database_durability_warning",
+    "1 while the database's settings let a failover or crash lose acknowledged events, by reason "
+    "(docs/postgres.md); 0 otherwise.", ["reason"])

@@ -10,6 +10,10 @@ dead letters (inbox events or deliveries), a provider whose oldest due event has
 longer than the threshold, a provider whose handler a worker cannot import (its events wait,
 their attempts not counted), an endpoint whose circuit is open, a disabled endpoint.
 Retries backing off, deferrals and a half-open circuit are normal operation.
+
+The database's durability (core/durability.py: what a failover or crash can lose) is shown with its
+warnings; they are not problems (a team may choose the risk, and some engines replicate below
+Postgres), so they never make the status unhealthy.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 import asyncpg
 
 from hookline.core import db
+from hookline.core.durability import Durability, read
 from hookline.core.inbox_stats import NO_EVENTS, provider_stats
 
 RECENT_SECONDS = 300.0
@@ -62,6 +67,7 @@ class Status:
     endpoints: list[EndpointStatus]
     max_oldest_due_seconds: float
     recent_seconds: float
+    database: Durability
 
     def problems(self) -> list[str]:
         """What makes the installation unhealthy, one sentence each; empty when healthy."""
@@ -89,6 +95,7 @@ class Status:
             "problems": self.problems(),
             "recent_seconds": self.recent_seconds,
             "max_oldest_due_seconds": self.max_oldest_due_seconds,
+            "database": self.database.as_json(),
             "providers": [asdict(p) for p in self.providers],
             "endpoints": [{**asdict(e), "last_at": e.last_at.isoformat() if e.last_at else None}
                           for e in self.endpoints],
@@ -123,7 +130,7 @@ async def collect(conn: asyncpg.Connection, *, max_oldest_due_seconds: float = 3
             last_error=r["last_error"], disabled_reason=r["disabled_reason"])
         for r in await conn.fetch(db.query("endpoint_status", "status.sql"))
     ]
-    return Status(providers, endpoints, max_oldest_due_seconds, recent_seconds)
+    return Status(providers, endpoints, max_oldest_due_seconds, recent_seconds, await read(conn))
 
 
 def render_table(status: Status) -> str:
@@ -143,6 +150,10 @@ def render_table(status: Status) -> str:
         lines.append(f"{e.name:<24} {state:<13} {e.pending:>7} {e.parked:>7} {e.dead:>6}  {_last_response(e)}")
     if not status.endpoints:
         lines.append("(no endpoints)")
+    lines.append("")
+    lines.append(f"DATABASE  {status.database.summary()}")
+    lines.extend(f"  warning: {warning}" for warning in status.database.warnings().values())
+    lines.extend(f"  note: {note}" for note in status.database.notes())
     lines.append("")
     problems = status.problems()
     lines.append("healthy" if not problems else "UNHEALTHY:\n" + "\n".join(f"  - {p}" for p in problems))

@@ -52,3 +52,16 @@ SELECT h.provider, h.handler, h.problem, h.worker, h.since
 FROM hookline.handler_problems AS h
 JOIN hookline.providers AS p ON p.name = h.provider AND p.spec ->> 'handler' = h.handler
 ORDER BY h.provider;
+
+-- name: database_durability
+-- What the server does to keep a commit it acknowledged (core/durability.py). pg_stat_replication
+-- shows a role without pg_read_all_stats (pg_monitor) its rows with every column but the pid empty:
+-- those standbys are counted as unseen, not as asynchronous.
+SELECT current_setting('synchronous_commit') AS synchronous_commit,
+       current_setting('synchronous_standby_names') AS synchronous_standby_names,
+       current_setting('fsync') AS fsync,
+       current_setting('full_page_writes') AS full_page_writes,
+       count(r.pid) FILTER (WHERE r.sync_state IN ('sync', 'quorum')) AS synchronous_standbys,
+       count(r.pid) FILTER (WHERE r.sync_state IS NULL) AS unseen_standbys,
+       count(r.pid) AS standbys
+FROM (SELECT 1) AS one LEFT JOIN pg_catalog.pg_stat_replication AS r ON true;
