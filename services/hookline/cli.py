@@ -655,11 +655,22 @@ def _run(command: Callable[..., int | None], *args: Any) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except Exception as exc:
+        if _read_only(exc):  # a multi-host URL without target_session_attrs=read-write, mid-failover say
+            from hookline.core.migrations import STANDBY
+
+            print(f"hookline: the database refused a write ({exc}): the server {STANDBY}", file=sys.stderr)
+            return 2
         if not _schema_missing(exc):
             raise
         print(f"hookline: the database has no Hookline schema, or an older one ({exc}): run `hookline migrate`",
               file=sys.stderr)
         return 2
+
+
+def _read_only(exc: Exception) -> bool:
+    import asyncpg
+
+    return isinstance(exc, asyncpg.ReadOnlySQLTransactionError)
 
 
 def _schema_missing(exc: Exception) -> bool:

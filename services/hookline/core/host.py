@@ -32,7 +32,7 @@ from typing import Protocol, TypeVar
 import asyncpg
 from aiohttp import web
 
-from hookline.core import db, durability, http, pools
+from hookline.core import db, durability, http, migrations, pools
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.listener import Listener
 from hookline.core.maintenance import Job, Maintainer
@@ -136,6 +136,7 @@ class Host:
         self.pool = await db.create_pool(settings.database_url, password_file=settings.database_password_file,
                                          min_size=self.pool_min, max_size=self.pool_size, lean=True,
                                          generic_plans=self.generic_plans, pinned_search_path=True)
+        await migrations.check_server(self.pool)
         self._durability = asyncio.create_task(
             durability.watch(self.pool, await durability.check_at_start(self.pool)), name="durability")
         self.listener = Listener(self._dedicated())

@@ -13,12 +13,42 @@ import logging
 import asyncpg
 
 from hookline.core import db
+from hookline.core.config import ConfigError
 
 log = logging.getLogger(__name__)
 
 # Serializes only the very first run on a database (schema_migrations.sql, lock_bootstrap);
 # "hookline" as a 64-bit integer.
 _BOOTSTRAP_LOCK_KEY = 0x686F6F6B6C696E65 - 2**63
+
+# The Postgres majors the suite runs on (the embedded 18 and Debian's 15: docs/postgres.md). An older
+# server is refused before anything is written: a migration failing half-way through on a missing
+# feature would say less, and a schema that migrated but behaves differently would say nothing.
+OLDEST_SUPPORTED = 15
+NEWEST_TESTED = 18
+STANDBY = ("is a read-only standby: point HOOKLINE_DATABASE_URL at the primary, or list every node "
+           "(postgresql://user@host1,host2/db) with ?target_session_attrs=read-write (docs/postgres.md)")
+
+
+class UnsupportedServer(ConfigError):
+    """The server cannot hold Hookline's schema: too old, or a standby."""
+
+
+async def check_server(conn: asyncpg.Connection | asyncpg.Pool, oldest: int = OLDEST_SUPPORTED) -> int:
+    """The server's major version; raises UnsupportedServer (one line) when it is older than ``oldest``
+    or is a standby (every statement that writes would fail, one by one)."""
+    facts = await conn.fetchrow(_query("server_facts"))
+    assert facts is not None
+    major = int(facts["version_num"]) // 10000
+    if major < oldest:
+        raise UnsupportedServer(f"PostgreSQL {facts['version']} is too old: Hookline needs PostgreSQL {oldest} or "
+                                f"newer (tested on {oldest} to {NEWEST_TESTED}); nothing was changed")
+    if facts["standby"]:
+        raise UnsupportedServer(f"the database server {STANDBY}")
+    if major > NEWEST_TESTED:
+        log.warning("this PostgreSQL is newer than any Hookline was tested on",
+                    extra={"major": major, "newest_tested": NEWEST_TESTED})
+    return major
 
 
 def _query(name: str) -> str:
@@ -40,6 +70,7 @@ async def migrate(conn: asyncpg.Connection, up_to: int | None = None) -> list[st
     """Apply every migration not applied yet (up to version ``up_to`` when given: upgrade tests
     populate the schema as it was); return the names applied."""
     applied_now: list[str] = []
+    await check_server(conn)
     async with conn.transaction():
         await conn.execute(_query("pin_search_path"))
         if not await conn.fetchval(_query("schema_migrations_exists")):

@@ -41,3 +41,7 @@ INSERT INTO hookline.schema_migrations (version, name) VALUES ($1, $2);
 -- built-in one for a caller whose search path includes public.
 SELECT n.nspname IS NOT NULL AND has_schema_privilege('public', n.oid, 'CREATE')
 FROM (SELECT 1) AS one LEFT JOIN pg_namespace AS n ON n.nspname = 'public';
+
+-- name: server_facts
+SELECT current_setting('server_version_num')::int AS version_num, current_setting('server_version') AS version,
+       pg_catalog.pg_is_in_recovery() AS standby;
