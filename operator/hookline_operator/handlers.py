@@ -30,6 +30,7 @@ import kopf
 from hookline.core import db, durability, http, pools
 from hookline.core.dedicated import DedicatedConnection
 from hookline.core.maintenance import Maintainer
+from hookline.core.settings import transaction_pooling
 from hookline.core.tasks import cancel_and_wait
 from hookline_operator import apiserver_probe, budget, leases, provider_status, stats, tenancy, tokens
 from hookline_operator.conditions import set_condition
@@ -98,10 +99,10 @@ async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any)
     # Lean: no RESET ALL / UNLISTEN * / CLOSE ALL / advisory unlock per release (four statements per
     # acquire, per resource and tick); nothing here leaves session state behind.
     memo.pool = await db.create_pool(min_size=1, max_size=pools.OPERATOR - pools.LEADER_LOCK, lean=True,
-                                     pinned_search_path=True)
+                                     pinned_search_path=True, transaction_pooling=transaction_pooling())
     memo.tasks.append(asyncio.create_task(
         durability.watch(memo.pool, await durability.check_at_start(memo.pool)), name="durability"))
-    # Its own connection (HOOKLINE_DATABASE_URL), counted in pools.OPERATOR but not taken from the pool.
+    # Its own connection (HOOKLINE_DATABASE_SESSION_URL, else HOOKLINE_DATABASE_URL), counted in pools.OPERATOR but not taken from the pool.
     memo.maintainer = Maintainer("inbox", [stats.refresher(memo.pool, memo.stats, memo.interval),
                                            leases.lease_sweeper(memo)], DedicatedConnection())
     await memo.maintainer.start()

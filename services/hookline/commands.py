@@ -25,9 +25,9 @@ async def _connect() -> asyncpg.Connection:
         return await db.connect(pinned_search_path=True)
     except db.DATABASE_ERRORS as exc:
         from hookline.core.config import ConfigError, redact_url
-        from hookline.core.settings import database_url
+        from hookline.core.settings import database_session_url, database_url
 
-        raise ConfigError(f"cannot connect to {redact_url(database_url())}: {exc}") from None
+        raise ConfigError(f"cannot connect to {redact_url(database_session_url() or database_url())}: {exc}") from None
 
 
 async def migrate(args: argparse.Namespace) -> int:

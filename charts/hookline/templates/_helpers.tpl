@@ -148,6 +148,20 @@ and migrate Job read it at each new connection; worker pods never get it (they l
     secretKeyRef:
       name: {{ include "hookline.databaseSecretName" . }}
       key: {{ .Values.database.secretKey }}
+{{- if not (has .Values.database.pooling (list "session" "transaction")) }}
+{{- fail "database.pooling must be session or transaction" }}
+{{- end }}
+{{- if .Values.database.sessionUrl.existingSecret }}
+- name: HOOKLINE_DATABASE_SESSION_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.database.sessionUrl.existingSecret }}
+      key: {{ .Values.database.sessionUrl.secretKey }}
+{{- else if eq .Values.database.pooling "transaction" }}
+{{- fail "database.pooling=transaction needs database.sessionUrl.existingSecret: a Secret holding a direct (or session-mode) postgresql:// URL for LISTEN, leader election and migrations" }}
+{{- end }}
+- name: HOOKLINE_DATABASE_POOLING
+  value: {{ .Values.database.pooling | quote }}
 - name: HOOKLINE_LOG_FORMAT
   value: {{ .Values.logFormat | quote }}
 - name: HOOKLINE_LOG_LEVEL

@@ -20,13 +20,20 @@ import functools
 import importlib.resources
 import json
 import re
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from hookline.core import metrics
-from hookline.core.settings import database_password_file, database_url, read_password_file
+from hookline.core.settings import (
+    database_password_file,
+    database_session_url,
+    database_url,
+    read_password_file,
+    session_password_file,
+)
 
 _QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _DEFAULT = r"[A-Za-z_][\w.]*|'[^'\\]*'"
@@ -175,18 +182,38 @@ class PasswordFile:
         return f"PasswordFile({str(self.path)!r})"
 
 
-def connect_arguments(url: str | None = None, password_file: Path | None = None) -> dict[str, Any]:
+def connect_arguments(url: str | None = None, password_file: Path | None = None, *,
+                      session: bool = False) -> dict[str, Any]:
     """Where asyncpg.connect and asyncpg.create_pool connect: ``url`` (None: HOOKLINE_DATABASE_URL, with
-    HOOKLINE_DATABASE_PASSWORD_FILE) and, given a password file, the password read from it for each new
-    connection. The one place that says so: every connection Hookline opens is opened from these."""
+    HOOKLINE_DATABASE_PASSWORD_FILE; with ``session``, HOOKLINE_DATABASE_SESSION_URL first) and, given a
+    password file, the password read from it for each new connection. The one place that says so: every
+    connection Hookline opens is opened from these."""
     if not url:
-        url, password_file = database_url(), database_password_file()
+        session_url = database_session_url() if session else None
+        url, password_file = (session_url, session_password_file()) if session_url else (
+            database_url(), database_password_file())
     return {"dsn": url, **({"password": PasswordFile(password_file)} if password_file is not None else {})}
+
+
+def _session_setup(settings: dict[str, str]) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    """The ``init`` of a new connection: Hookline's codecs, and ``settings`` as session SETs. SET rather
+    than start-up parameters, which a pooler rejects (PgBouncer: "unsupported startup parameter") or
+    drops (its ignore_startup_parameters); a session-mode pooler keeps a SET for as long as the client
+    holds its server connection. Names and values are Hookline's own constants, never input."""
+    statement = "; ".join(f"SET {name} = {value}" for name, value in settings.items())
+
+    async def init(conn: asyncpg.Connection) -> None:
+        if statement:
+            await conn.execute(statement)
+        await _init_connection(conn)
+
+    return init
 
 
 async def create_pool(
     url: str | None = None, *, password_file: Path | None = None, min_size: int = 1, max_size: int = 10,
     command_timeout: float = 30.0, lean: bool = False, generic_plans: bool = False, pinned_search_path: bool = False,
+    transaction_pooling: bool = False,
 ) -> asyncpg.Pool:
     """A pool with Hookline's type codecs; ``url`` and ``password_file``: see connect_arguments.
 
@@ -204,17 +231,25 @@ async def create_pool(
     transaction (``SET LOCAL``, ``hookline.worker.processing``).
 
     ``pinned_search_path``: see PINNED_SEARCH_PATH.
+
+    ``transaction_pooling``: ``url`` goes through a transaction-mode pooler (settings.transaction_pooling),
+    where consecutive transactions of one connection may run on different server sessions: no named
+    prepared statements (asyncpg's statement cache off: it then uses the unnamed statement, planned at
+    each execution) and no session SETs, which would stay behind on a server connection that the
+    pooler hands to other clients (a worker's handlers run on the role's own search path). Neither
+    ``generic_plans`` nor ``pinned_search_path`` applies then (docs/postgres.md, poolers).
     """
-    settings = {**({name: value for name, (value, _) in GENERIC_PLAN_SETTINGS.items()} if generic_plans else {}),
-                **(PINNED_SEARCH_PATH if pinned_search_path else {})}
+    settings = {} if transaction_pooling else {
+        **({name: value for name, (value, _) in GENERIC_PLAN_SETTINGS.items()} if generic_plans else {}),
+        **(PINNED_SEARCH_PATH if pinned_search_path else {})}
     pool = await asyncpg.create_pool(
         **connect_arguments(url, password_file),
         min_size=min_size,
         max_size=max_size,
         command_timeout=command_timeout,
-        init=_init_connection,
+        init=_session_setup(settings),
         **({"reset": _keep_session} if lean else {}),
-        **({"server_settings": settings} if settings else {}),
+        **({"statement_cache_size": 0} if transaction_pooling else {}),
     )
     assert pool is not None
     metrics.track_pool(pool)
@@ -223,9 +258,8 @@ async def create_pool(
 
 async def connect(url: str | None = None, *, password_file: Path | None = None,
                   pinned_search_path: bool = False) -> asyncpg.Connection:
-    """A single connection (for LISTEN, migrations and one-shot commands); ``url`` and
-    ``password_file``: see connect_arguments."""
-    conn = await asyncpg.connect(**connect_arguments(url, password_file),
-                                 **({"server_settings": PINNED_SEARCH_PATH} if pinned_search_path else {}))
-    await _init_connection(conn)
+    """A single connection with a session of its own (for LISTEN, leader leases, migrations and one-shot
+    commands); ``url`` and ``password_file``: see connect_arguments (None: the session URL)."""
+    conn = await asyncpg.connect(**connect_arguments(url, password_file, session=True))
+    await _session_setup(PINNED_SEARCH_PATH if pinned_search_path else {})(conn)
     return conn

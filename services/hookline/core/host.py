@@ -10,8 +10,8 @@ Host owns:
 - one ``Maintainer`` per scope (``inbox``, ``outbox``, ``partitions``) running the jobs its components
   contribute; a job two components contribute under one name (the partition manager of a worker
   that sweeps and of a relay, in ``hookline dev``) runs once;
-- every dedicated connection (LISTEN, one election lease per scope), each opened from the database URL
-  (and password file) as the pool's;
+- every dedicated connection (LISTEN, one election lease per scope), each opened from the session URL
+  (HOOKLINE_DATABASE_SESSION_URL) when one is set, else from the pool's database URL (and password file);
 - the ops HTTP server (/healthz, /readyz, /metrics) at ``settings.ops``, when set;
 - the durability watch (core/durability.py): a log line at start, and whenever what a failover can
   lose changes.
@@ -135,8 +135,11 @@ class Host:
         settings = self.settings
         self.pool = await db.create_pool(settings.database_url, password_file=settings.database_password_file,
                                          min_size=self.pool_min, max_size=self.pool_size, lean=True,
-                                         generic_plans=self.generic_plans, pinned_search_path=True)
+                                         generic_plans=self.generic_plans, pinned_search_path=True,
+                                         transaction_pooling=settings.transaction_pooling)
         await migrations.check_server(self.pool)
+        if settings.transaction_pooling:
+            await self._warn_unpinned()
         self._durability = asyncio.create_task(
             durability.watch(self.pool, await durability.check_at_start(self.pool)), name="durability")
         self.listener = Listener(self._dedicated())
@@ -167,9 +170,19 @@ class Host:
                 by_scope[scope].setdefault(job.name, job)
         return [Maintainer(scope, list(jobs.values()), self._dedicated()) for scope, jobs in by_scope.items() if jobs]
 
+    async def _warn_unpinned(self) -> None:
+        # Through a transaction-mode pooler the pool's search path is the role's, not pinned: say so
+        # where a role could plant a function in schema public that shadows a built-in one.
+        assert self.pool is not None
+        async with self.pool.acquire() as conn:
+            warning = await migrations.public_schema_warning(conn)
+        if warning:
+            log.warning("HOOKLINE_DATABASE_POOLING=transaction: the pool's search path is not pinned, and %s",
+                        warning)
+
     def _dedicated(self) -> DedicatedConnection:
-        """A connection of its own, to the pool's database with the pool's password (file)."""
-        return DedicatedConnection(self.settings.database_url, password_file=self.settings.database_password_file)
+        """A connection of its own (a session: LISTEN, a leader's lease), from the session URL when one is set."""
+        return DedicatedConnection(self.settings.session_url, password_file=self.settings.session_password_file)
 
     async def stop(self) -> None:
         # One part that fails to stop must not keep the others (and the pool) open.

@@ -42,6 +42,11 @@ Environ = Mapping[str, str]
 
 DATABASE_URL = "HOOKLINE_DATABASE_URL"
 DATABASE_PASSWORD_FILE = "HOOKLINE_DATABASE_PASSWORD_FILE"
+# What needs a session (LISTEN, leader election leases, migrations, one-shot commands) when
+# HOOKLINE_DATABASE_URL goes through a transaction-mode pooler, and how Hookline is told it does.
+DATABASE_SESSION_URL = "HOOKLINE_DATABASE_SESSION_URL"
+DATABASE_POOLING = "HOOKLINE_DATABASE_POOLING"
+POOLING_MODES = ("session", "transaction")
 LOG_FORMAT, LOG_LEVEL = "HOOKLINE_LOG_FORMAT", "HOOKLINE_LOG_LEVEL"
 REUSE_PORT = "HOOKLINE_REUSE_PORT"  # set by `hookline receiver --processes N` for its children
 DESTINATION_SECRET_FILE = "HOOKLINE_DESTINATION_SECRET_FILE"
@@ -79,9 +84,47 @@ def database_url(environ: Environ = os.environ) -> str:
             f"{DATABASE_URL} is not set: point it at Postgres, e.g. "
             "postgresql://user:password@localhost:5432/hookline (or run `hookline dev`)"
         )
+    return _postgres_url(DATABASE_URL, url)
+
+
+def _postgres_url(name: str, url: str) -> str:
     if not url.startswith(("postgresql://", "postgres://")):
-        raise ConfigError(f"{DATABASE_URL} must be a postgresql:// URL")
+        raise ConfigError(f"{name} must be a postgresql:// URL")
     return url
+
+
+def database_session_url(environ: Environ = os.environ) -> str | None:
+    """HOOKLINE_DATABASE_SESSION_URL: where the connections that need a session of their own open
+    (LISTEN, leader election, migrations, the one-shot commands), direct to Postgres or through a
+    session-mode pooler; None when unset (they open from HOOKLINE_DATABASE_URL)."""
+    url = environ.get(DATABASE_SESSION_URL, "").strip()
+    return _postgres_url(DATABASE_SESSION_URL, url) if url else None
+
+
+def has_password(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.password is not None or "password" in parse_qs(parts.query)
+
+
+def session_password_file(environ: Environ = os.environ) -> Path | None:
+    """The password file of the session URL's connections: HOOKLINE_DATABASE_PASSWORD_FILE, unless the
+    session URL carries a password of its own (a pooler and Postgres may know a user by different ones)."""
+    url = database_session_url(environ)
+    return None if url is not None and has_password(url) else database_password_file(environ)
+
+
+def transaction_pooling(environ: Environ = os.environ) -> bool:
+    """HOOKLINE_DATABASE_POOLING=transaction: HOOKLINE_DATABASE_URL goes through a pooler in transaction
+    mode (PgBouncer's pool_mode=transaction, RDS Proxy, Supavisor's port 6543), where no session state
+    lasts beyond a transaction. It cannot be detected reliably from a client, so it is said. Such a
+    pooler cannot hold a LISTEN or a leader's lease: HOOKLINE_DATABASE_SESSION_URL is then required."""
+    mode = environ.get(DATABASE_POOLING, "").strip().lower() or "session"
+    if mode not in POOLING_MODES:
+        raise ConfigError(f"{DATABASE_POOLING} must be one of {', '.join(POOLING_MODES)}, not {mode!r}")
+    if mode == "transaction" and database_session_url(environ) is None:
+        raise ConfigError(f"{DATABASE_POOLING}=transaction: set {DATABASE_SESSION_URL} to a direct (or session-mode) "
+                          "Postgres URL for LISTEN, leader election and migrations")
+    return mode == "transaction"
 
 
 def database_password_file(environ: Environ = os.environ) -> Path | None:
@@ -96,8 +139,7 @@ def database_password_file(environ: Environ = os.environ) -> Path | None:
     if not configured:
         return None
     path = Path(configured)
-    url = urlsplit(environ.get(DATABASE_URL, "").strip())
-    if url.password is not None or "password" in parse_qs(url.query):
+    if has_password(environ.get(DATABASE_URL, "").strip()):
         raise ConfigError(f"{DATABASE_URL} has a password and {DATABASE_PASSWORD_FILE} is set: give the password "
                           "one way (remove it from the URL to use the file)")
     try:
@@ -329,8 +371,10 @@ class RelaySettings:
 
 @dataclass(frozen=True)
 class Settings:
-    """One process's settings. ``database_url`` is where everything connects, the pool and every
-    dedicated connection alike, with the password in ``database_password_file`` when that is set;
+    """One process's settings. ``database_url`` is where the pool connects, with the password in
+    ``database_password_file`` when that is set; ``database_session_url`` (None: ``database_url``) where
+    every dedicated connection does (``session_url``, ``session_password_file``); ``transaction_pooling``:
+    ``database_url`` goes through a transaction-mode pooler (see ``transaction_pooling()``);
     ``ops``: the worker's or relay's ops address (None: none)."""
 
     database_url: str
@@ -340,6 +384,17 @@ class Settings:
     retention: Retention = field(default_factory=lambda: _retention())
     ops: OpsAddress | None = None
     database_password_file: Path | None = None
+    database_session_url: str | None = None
+    transaction_pooling: bool = False
+
+    @property
+    def session_url(self) -> str:
+        return self.database_session_url or self.database_url
+
+    @property
+    def session_password_file(self) -> Path | None:
+        url = self.database_session_url
+        return None if url is not None and has_password(url) else self.database_password_file
 
     @classmethod
     def for_command(cls, args: argparse.Namespace, environ: Environ = os.environ) -> Settings:
@@ -353,18 +408,20 @@ class Settings:
                        worker=WorkerSettings(concurrency=8, sweep=True),
                        relay=RelaySettings(concurrency=16, allow_private_networks=True),
                        retention=retention_from_env(environ))
-        url, password_file = database_url(environ), database_password_file(environ)
+        database = cls(database_url(environ), database_password_file=database_password_file(environ),
+                       database_session_url=database_session_url(environ),
+                       transaction_pooling=transaction_pooling(environ))
         if args.command == "receiver":
-            return cls(url, receiver=_receiver(args, environ), database_password_file=password_file)
+            return dataclasses.replace(database, receiver=_receiver(args, environ))
         # The retention variables are read where a partition manager may run: a relay, `worker --sweep`, dev.
         if args.command == "worker":
-            return cls(url, worker=_worker(args, environ),
-                       retention=retention_from_env(environ) if args.sweep else _retention(),
-                       ops=OpsAddress(args.host, args.port), database_password_file=password_file)
+            return dataclasses.replace(database, worker=_worker(args, environ),
+                                       retention=retention_from_env(environ) if args.sweep else _retention(),
+                                       ops=OpsAddress(args.host, args.port))
         if args.command == "relay":
             relay, retention = _relay(args, environ, retention_from_env(environ))
-            return cls(url, relay=relay, retention=retention, ops=OpsAddress(args.host, args.port),
-                       database_password_file=password_file)
+            return dataclasses.replace(database, relay=relay, retention=retention,
+                                       ops=OpsAddress(args.host, args.port))
         raise ValueError(f"no service settings for `hookline {args.command}`")
 
 
