@@ -102,7 +102,8 @@ async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any)
                                      pinned_search_path=True, transaction_pooling=transaction_pooling())
     memo.tasks.append(asyncio.create_task(
         durability.watch(memo.pool, await durability.check_at_start(memo.pool)), name="durability"))
-    # Its own connection (HOOKLINE_DATABASE_SESSION_URL, else HOOKLINE_DATABASE_URL), counted in pools.OPERATOR but not taken from the pool.
+    # Its own connection (HOOKLINE_DATABASE_SESSION_URL, else HOOKLINE_DATABASE_URL), counted in
+    # pools.OPERATOR but not taken from the pool.
     memo.maintainer = Maintainer("inbox", [stats.refresher(memo.pool, memo.stats, memo.interval),
                                            leases.lease_sweeper(memo)], DedicatedConnection())
     await memo.maintainer.start()
