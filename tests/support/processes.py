@@ -99,9 +99,11 @@ def relay(database_url: str, log_dir: Path, *extra: str, env: dict[str, str] | N
                           database_url, log_dir, port=port, env=env).start("/readyz")
 
 
-def hookline_cli(database_url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a one-shot ``hookline`` command and return its result (never raises on failure)."""
-    env = {**os.environ, "HOOKLINE_DATABASE_URL": database_url, "HOOKLINE_LOG_FORMAT": "text",
-           "PYTHONPATH": TESTS_DIR}
-    return subprocess.run([sys.executable, "-m", "hookline", *args], env=env, input=stdin,
+def hookline_cli(database_url: str, *args: str, stdin: str | None = None,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a one-shot ``hookline`` command and return its result (never raises on failure); ``env``:
+    more of the environment (None for a name: not set)."""
+    environ = {**os.environ, "HOOKLINE_DATABASE_URL": database_url, "HOOKLINE_LOG_FORMAT": "text",
+               "PYTHONPATH": TESTS_DIR, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "hookline", *args], env=environ, input=stdin,
                           capture_output=True, text=True, timeout=60, check=False)

@@ -33,6 +33,7 @@ from hookline.core.settings import (
     database_url,
     read_password_file,
     session_password_file,
+    transaction_pooling,
 )
 
 _QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -189,18 +190,27 @@ def connect_arguments(url: str | None = None, password_file: Path | None = None,
     password file, the password read from it for each new connection. The one place that says so: every
     connection Hookline opens is opened from these."""
     if not url:
-        session_url = database_session_url() if session else None
+        session_url = None
+        if session:
+            # Refuses a transaction-mode URL with no session URL beside it: a session's statements
+            # there would run on whichever server session each transaction is given.
+            transaction_pooling()
+            session_url = database_session_url()
         url, password_file = (session_url, session_password_file()) if session_url else (
             database_url(), database_password_file())
     return {"dsn": url, **({"password": PasswordFile(password_file)} if password_file is not None else {})}
 
 
+def _set_statement(settings: dict[str, str]) -> str:
+    # SET rather than start-up parameters, which a pooler rejects (PgBouncer: "unsupported startup
+    # parameter") or drops (its ignore_startup_parameters); a session-mode pooler keeps a SET for as
+    # long as the client holds its server connection. Names and values are Hookline's constants.
+    return "; ".join(f"SET {name} = {value}" for name, value in settings.items())
+
+
 def _session_setup(settings: dict[str, str]) -> Callable[[asyncpg.Connection], Awaitable[None]]:
-    """The ``init`` of a new connection: Hookline's codecs, and ``settings`` as session SETs. SET rather
-    than start-up parameters, which a pooler rejects (PgBouncer: "unsupported startup parameter") or
-    drops (its ignore_startup_parameters); a session-mode pooler keeps a SET for as long as the client
-    holds its server connection. Names and values are Hookline's own constants, never input."""
-    statement = "; ".join(f"SET {name} = {value}" for name, value in settings.items())
+    """The ``init`` of a new connection: ``settings`` as session SETs, and Hookline's codecs."""
+    statement = _set_statement(settings)
 
     async def init(conn: asyncpg.Connection) -> None:
         if statement:
@@ -208,6 +218,18 @@ def _session_setup(settings: dict[str, str]) -> Callable[[asyncpg.Connection], A
         await _init_connection(conn)
 
     return init
+
+
+def _reset_keeping(settings: dict[str, str]) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    """The ``reset`` of a pool that is not lean but has ``settings``: asyncpg's own (its RESET ALL
+    undoes SETs too), then the SETs again."""
+    statement = _set_statement(settings)
+
+    async def reset(conn: asyncpg.Connection) -> None:
+        await conn.reset()
+        await conn.execute(statement)
+
+    return reset
 
 
 async def create_pool(
@@ -248,7 +270,7 @@ async def create_pool(
         max_size=max_size,
         command_timeout=command_timeout,
         init=_session_setup(settings),
-        **({"reset": _keep_session} if lean else {}),
+        **({"reset": _keep_session} if lean else {"reset": _reset_keeping(settings)} if settings else {}),
         **({"statement_cache_size": 0} if transaction_pooling else {}),
     )
     assert pool is not None
