@@ -77,3 +77,38 @@ def test_the_services_carry_the_database_password_file(tmp_path: Path) -> None:
                                               "HOOKLINE_DATABASE_PASSWORD_FILE is set") as refused:
             settings("worker", HOOKLINE_DATABASE_URL=url, HOOKLINE_DATABASE_PASSWORD_FILE=str(path))
         assert "hunter2" not in str(refused.value)
+
+
+SESSION_URL = "postgresql://hookline@db-direct/hookline"
+
+
+def test_the_session_url_is_where_sessions_open_and_defaults_to_the_database_url() -> None:
+    for command in ("receiver", "worker", "relay"):
+        assert settings(command).session_url == URL
+        given = settings(command, HOOKLINE_DATABASE_SESSION_URL=SESSION_URL)
+        assert (given.database_url, given.session_url, given.transaction_pooling) == (URL, SESSION_URL, False)
+    with pytest.raises(ConfigError, match="^HOOKLINE_DATABASE_SESSION_URL must be a postgresql:// URL$"):
+        settings("receiver", HOOKLINE_DATABASE_SESSION_URL="mysql://db")
+
+
+def test_transaction_pooling_needs_the_session_url() -> None:
+    with pytest.raises(ConfigError) as refused:
+        settings("relay", HOOKLINE_DATABASE_POOLING="transaction")
+    assert str(refused.value) == (
+        "HOOKLINE_DATABASE_POOLING=transaction: set HOOKLINE_DATABASE_SESSION_URL to a direct (or session-mode) "
+        "Postgres URL for LISTEN, leader election and migrations")
+    pooled = settings("relay", HOOKLINE_DATABASE_POOLING="Transaction", HOOKLINE_DATABASE_SESSION_URL=SESSION_URL)
+    assert pooled.transaction_pooling
+    assert not settings("relay", HOOKLINE_DATABASE_POOLING="session").transaction_pooling
+    with pytest.raises(ConfigError, match="HOOKLINE_DATABASE_POOLING must be one of session, transaction"):
+        settings("relay", HOOKLINE_DATABASE_POOLING="statement")
+
+
+def test_the_password_file_applies_to_a_session_url_without_a_password(tmp_path: Path) -> None:
+    path = tmp_path / "password"
+    path.write_text("token\n")
+    without = settings("worker", HOOKLINE_DATABASE_PASSWORD_FILE=str(path), HOOKLINE_DATABASE_SESSION_URL=SESSION_URL)
+    assert without.session_password_file == path
+    own = settings("worker", HOOKLINE_DATABASE_PASSWORD_FILE=str(path),
+                   HOOKLINE_DATABASE_SESSION_URL="postgresql://hookline:direct-secret@db-direct/hookline")
+    assert (own.database_password_file, own.session_password_file) == (path, None)
