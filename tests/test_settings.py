@@ -87,7 +87,7 @@ def test_the_session_url_is_where_sessions_open_and_defaults_to_the_database_url
         assert settings(command).session_url == URL
         given = settings(command, HOOKLINE_DATABASE_SESSION_URL=SESSION_URL)
         assert (given.database_url, given.session_url, given.transaction_pooling) == (URL, SESSION_URL, False)
-    with pytest.raises(ConfigError, match="^HOOKLINE_DATABASE_SESSION_URL must be a postgresql:// URL$"):
+    with pytest.raises(ConfigError, match=r"^HOOKLINE_DATABASE_SESSION_URL must be a postgresql:// URL$"):
         settings("receiver", HOOKLINE_DATABASE_SESSION_URL="mysql://db")
 
 

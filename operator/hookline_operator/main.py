@@ -29,12 +29,14 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from hookline.core import secrets_at_rest
-    from hookline.core.settings import database_password_file, database_url
+    from hookline.core.settings import database_password_file, database_url, session_password_file, transaction_pooling
     from hookline_operator import handlers
     from hookline_operator.memo import OperatorMemo
 
     database_url()  # fail fast with a clear message when it is not set
     database_password_file()  # and when its password file is unreadable (its connections read it: core/db.py)
+    transaction_pooling()  # and when a transaction-mode URL has no session URL beside it
+    session_password_file()  # (which is checked as HOOKLINE_DATABASE_URL is)
     # It stores every provider's signing secrets and mirrors destination secrets: not without the key.
     secrets_at_rest.required_ring("the operator")
     check_settings()

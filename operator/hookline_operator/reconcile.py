@@ -30,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from hookline.core import db
 from hookline.core import secrets_at_rest as sealing
 from hookline.core.providers import SpecError, parse_provider, stored_secrets
-from hookline.core.settings import database_url
+from hookline.core.settings import database_session_url, database_url, transaction_pooling
 from hookline.core.signatures import get_scheme
 from hookline_operator import placement, resources, tenancy
 from hookline_operator.kube import Kube, ObservedSecret
@@ -242,7 +242,7 @@ async def release_row(pool: asyncpg.Pool, res: Resource) -> bool:
 def desired_deployment(res: Resource, spec: dict[str, Any], replicas: int) -> dict[str, Any]:
     """The worker Deployment manifest (resources.worker_deployment), stamped with a hash of
     everything but replicas, so a change of spec or template is seen without a diff engine."""
-    manifest = resources.worker_deployment(res.name, spec, replicas)
+    manifest = resources.worker_deployment(res.name, spec, replicas, transaction_pooling=transaction_pooling())
     shape = {k: v for k, v in manifest["spec"].items() if k != "replicas"}
     digest = hashlib.sha256(json.dumps([manifest["metadata"], shape], sort_keys=True).encode()).hexdigest()[:16]
     manifest["metadata"].setdefault("annotations", {})[TEMPLATE_HASH] = digest
@@ -304,7 +304,7 @@ async def ensure_access(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Re
     if sync.claim is None or not sync.claim.owned or sync.verified is None:
         return None
     outcomes = [await tenancy.ensure_worker_credentials(kube, pool, body, res.namespace, res.name, res.uid,
-                                                        database_url()),
+                                                        database_url(), database_session_url()),
                 await tenancy.ensure_destination_secret(kube, pool, body, res.namespace, res.name, res.uid, spec)]
     for outcome in outcomes:
         if outcome is None:

@@ -12,6 +12,7 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "hookline-operator"}
 PREVIOUS_KEY = "previous"  # JSON list of {"value", "notAfter"}: rotated-out secrets still valid for a while
 WORKER_PORT = 8081
 DATABASE_SECRET_KEY = "url"
+SESSION_URL_SECRET_KEY = "session-url"  # beside it when the operator runs with HOOKLINE_DATABASE_SESSION_URL
 # Tenant workers read the destination signing secret from the Secret the operator mirrors it into
 # (tenancy.ensure_destination_secret), mounted here: they hold no key to open the column.
 DESTINATION_SECRET_DIR = "/etc/hookline/destination"
@@ -58,9 +59,11 @@ def destination_secret_name(provider: str) -> str:
 
 
 def worker_deployment(provider: str, spec: dict[str, Any], replicas: int,
-                      template: WorkerTemplate | None = None) -> dict[str, Any]:
+                      template: WorkerTemplate | None = None, *, transaction_pooling: bool = False) -> dict[str, Any]:
     """The provider's worker Deployment: the chart's pod template, the provider's overrides, and
-    what the operator decides (command, probes, ports, the namespace's own database Secret)."""
+    what the operator decides (command, probes, ports, the namespace's own database Secret; with
+    ``transaction_pooling``, the operator's HOOKLINE_DATABASE_POOLING=transaction, the workers' session
+    URL from the same Secret)."""
     template = template or configured_template()
     lease = int(spec.get("leaseSeconds", 60))
     selector = {"app.kubernetes.io/component": "worker", "hookline.io/provider": provider}
@@ -74,7 +77,7 @@ def worker_deployment(provider: str, spec: dict[str, Any], replicas: int,
     pod_spec["terminationGracePeriodSeconds"] = lease + 30
     pod_spec["volumes"] = [*(pod_spec.get("volumes") or []), {"name": "tmp", "emptyDir": {}}]
     container = template.container(pod)
-    _complete_container(container, provider, lease, template.concurrency)
+    _complete_container(container, provider, lease, template.concurrency, transaction_pooling)
     if spec.get("destination"):
         _mount_destination_secret(pod_spec, container, provider)
     return {
@@ -91,16 +94,23 @@ def worker_deployment(provider: str, spec: dict[str, Any], replicas: int,
     }
 
 
-def _complete_container(container: dict[str, Any], provider: str, lease: int, concurrency: int) -> None:
+def _complete_container(container: dict[str, Any], provider: str, lease: int, concurrency: int,
+                        transaction_pooling: bool) -> None:
     probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3}
     container["args"] = ["worker", "--provider", provider, "--port", str(WORKER_PORT),
                          "--grace-period", str(lease), "--concurrency", str(concurrency)]
-    database = {"name": "HOOKLINE_DATABASE_URL",
-                "valueFrom": {"secretKeyRef": {"name": database_secret_name(provider), "key": DATABASE_SECRET_KEY}}}
+    secret = database_secret_name(provider)
+    database = [{"name": "HOOKLINE_DATABASE_URL",
+                 "valueFrom": {"secretKeyRef": {"name": secret, "key": DATABASE_SECRET_KEY}}}]
+    if transaction_pooling:
+        database += [{"name": "HOOKLINE_DATABASE_SESSION_URL",
+                      "valueFrom": {"secretKeyRef": {"name": secret, "key": SESSION_URL_SECRET_KEY}}},
+                     {"name": "HOOKLINE_DATABASE_POOLING", "value": "transaction"}]
     # The provider's own credential, first and only: a template cannot point workers elsewhere. Never the
     # key that opens secrets at rest: a tenant's code runs in these pods.
-    container["env"] = [database, *(e for e in container.get("env") or []
-                                    if e.get("name") not in (database["name"], "HOOKLINE_SECRET_KEYS_FILE"))]
+    ours = {"HOOKLINE_DATABASE_URL", "HOOKLINE_DATABASE_SESSION_URL", "HOOKLINE_DATABASE_POOLING",
+            "HOOKLINE_SECRET_KEYS_FILE"}
+    container["env"] = [*database, *(e for e in container.get("env") or [] if e.get("name") not in ours)]
     container["ports"] = [{"name": "http", "containerPort": WORKER_PORT}]
     container["livenessProbe"] = probe
     container["readinessProbe"] = {**probe, "httpGet": {"path": "/readyz", "port": "http"}}

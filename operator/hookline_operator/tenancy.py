@@ -88,19 +88,29 @@ def password_in(url: str | None, role: str) -> str | None:
     return unquote(parts.password)
 
 
-def _secret_manifest(provider: str, name: str, url: str) -> dict[str, Any]:
+def _secret_manifest(provider: str, name: str, data: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
         "metadata": {"name": name, "labels": {**resources.MANAGED_BY, "hookline.io/provider": provider,
                                               "hookline.io/credential": "database"}},
-        "stringData": {resources.DATABASE_SECRET_KEY: url},
+        "stringData": data,
     }
 
 
+def _credential_data(base_url: str, session_base_url: str | None, role: str, password: str) -> dict[str, str]:
+    """The workers' URL and, when the operator has a session URL (a transaction-mode pooler in front),
+    the same role's session URL: one password for both."""
+    data = {resources.DATABASE_SECRET_KEY: tenant_url(base_url, role, password)}
+    if session_base_url:
+        data[resources.SESSION_URL_SECRET_KEY] = tenant_url(session_base_url, role, password)
+    return data
+
+
 async def ensure_worker_credentials(kube: SecretApi, conn: asyncpg.Connection | asyncpg.Pool, owner: Any,
-                                    namespace: str, provider: str, uid: str, base_url: str) -> Outcome:
+                                    namespace: str, provider: str, uid: str, base_url: str,
+                                    session_base_url: str | None = None) -> Outcome:
     """The provider's workers' role logs in with the password in their Secret, which exists.
 
     ``owner`` is the WebhookProvider body (for the owner reference). A Secret of that name that is
@@ -113,8 +123,8 @@ async def ensure_worker_credentials(kube: SecretApi, conn: asyncpg.Connection | 
     existing = await kube.read_secret(namespace, secret_name)
     outcome = Outcome(True, "CredentialsReady", f"workers log in as database role {role} (Secret {secret_name})")
     if existing is None:
-        wanted = tenant_url(base_url, role, secrets.token_urlsafe(32))
-        manifest = _secret_manifest(provider, secret_name, wanted)
+        manifest = _secret_manifest(provider, secret_name,
+                                    _credential_data(base_url, session_base_url, role, secrets.token_urlsafe(32)))
         if await _create_owned(kube, namespace, manifest, owner):
             outcome = Outcome(True, "CredentialsCreated", f"created Secret {secret_name} for database role {role}")
         existing = await kube.read_secret(namespace, secret_name)
@@ -126,9 +136,10 @@ async def ensure_worker_credentials(kube: SecretApi, conn: asyncpg.Connection | 
                        "the operator never adopts it: delete or rename it")
     url = existing.data.get(resources.DATABASE_SECRET_KEY)
     password = password_in(url, role) or unquote(urlsplit(url or "").password or "") or secrets.token_urlsafe(32)
-    wanted = tenant_url(base_url, role, password)
-    if url != wanted:  # another database host, or edited by hand: keep the password if there is one
-        await kube.patch_secret(namespace, secret_name, {resources.DATABASE_SECRET_KEY: wanted})
+    wanted = _credential_data(base_url, session_base_url, role, password)
+    if any(existing.data.get(key) != value for key, value in wanted.items()):
+        # Another database host, or edited by hand: keep the password if there is one.
+        await kube.patch_secret(namespace, secret_name, wanted)
         outcome = Outcome(True, "CredentialsUpdated", f"updated Secret {secret_name} for database role {role}")
     # Level-based: the role is (re)made whenever it is missing (a restored database) or was last
     # given another password than the Secret's; otherwise a tick costs one cheap query.

@@ -368,6 +368,46 @@ def test_a_template_setting_its_own_database_url_is_overridden() -> None:
     assert "admin:pw" not in str(deployment)
 
 
+def test_workers_behind_a_transaction_pooler_get_their_session_url_from_their_own_secret() -> None:
+    """With the operator's HOOKLINE_DATABASE_POOLING=transaction, each worker reads the session URL of
+    its own role from its own Secret; a template cannot set either variable."""
+    from hookline_operator import podtemplate, resources
+
+    values = {"worker": {"extraEnv": [{"name": "HOOKLINE_DATABASE_SESSION_URL", "value": "postgresql://admin:pw@db/x"},
+                                      {"name": "HOOKLINE_DATABASE_POOLING", "value": "session"}]}}
+    configmap = render(deep_merge(MINIMAL, values)).one("ConfigMap", TEMPLATE_CONFIGMAP)
+    template = podtemplate.parse_template(configmap["data"]["template.yaml"])
+    env = resources.worker_deployment("shop", {}, 1, template, transaction_pooling=True)[
+        "spec"]["template"]["spec"]["containers"][0]["env"]
+    database = [e for e in env if e["name"].startswith("HOOKLINE_DATABASE_")]
+    secret = "shop-hookline-database"
+    assert database == [
+        {"name": "HOOKLINE_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": secret, "key": "url"}}},
+        {"name": "HOOKLINE_DATABASE_SESSION_URL",
+         "valueFrom": {"secretKeyRef": {"name": secret, "key": "session-url"}}},
+        {"name": "HOOKLINE_DATABASE_POOLING", "value": "transaction"}]
+    plain = resources.worker_deployment("shop", {}, 1, template)["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert [e["name"] for e in plain if e["name"].startswith("HOOKLINE_DATABASE_")] == ["HOOKLINE_DATABASE_URL"]
+
+
+def test_the_session_url_and_pooling_values_reach_every_database_client() -> None:
+    values = {"database": {"sessionUrl": {"existingSecret": "hookline-direct"}, "pooling": "transaction"}}
+    rendered = render(deep_merge(MINIMAL, values))
+    clients = []
+    for workload, pod_spec in rendered.workloads():
+        for container in pod_spec["containers"]:
+            env = {e["name"]: e for e in container.get("env") or []}
+            if "HOOKLINE_DATABASE_URL" not in env:
+                continue
+            clients.append(workload["metadata"]["labels"].get("app.kubernetes.io/component"))
+            assert env["HOOKLINE_DATABASE_SESSION_URL"]["valueFrom"]["secretKeyRef"] == {
+                "name": "hookline-direct", "key": "url"}
+            assert env["HOOKLINE_DATABASE_POOLING"]["value"] == "transaction"
+    assert {"receiver", "relay", "operator", "migrate"} <= set(clients), clients
+    with pytest.raises(Exception, match=r"database\.pooling=transaction needs database\.sessionUrl\.existingSecret"):
+        render(deep_merge(MINIMAL, {"database": {"pooling": "transaction"}}))
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("concurrency: 0\npod: {spec: {containers: [{name: worker}]}}", "concurrency must be a positive integer"),
     ("pod: {spec: {containers: [{name: other}]}}", "container named 'worker'"),
