@@ -139,3 +139,20 @@ async def test_session_mode_single_url(session_bouncer: PgBouncer, database_url,
     effects = await pool.fetch("SELECT event_id, count(*) AS n FROM test_effects GROUP BY event_id")
     assert {r["event_id"] for r in effects} == {f"s_{i}" for i in range(EVENTS // 4)}
     assert {r["n"] for r in effects} == {1}
+
+
+async def test_transaction_mode_keeps_a_search_path_pinned_on_the_role(transaction_bouncer: PgBouncer,
+                                                                       database_url: str, pool: asyncpg.Pool) -> None:
+    """What docs/postgres.md recommends for service roles behind a transaction pooler: the role's own
+    setting applies to every server session PgBouncer opens, which Hookline's pool (sending no SETs) keeps."""
+    database = database_url.rsplit("/", 1)[1]
+    await pool.execute(f'ALTER ROLE CURRENT_USER IN DATABASE "{database}" SET search_path = pg_catalog, pg_temp')
+    pooled = await db.create_pool(transaction_bouncer.url_for(database_url), min_size=4, max_size=4,
+                                  pinned_search_path=True, generic_plans=True, transaction_pooling=True)
+    try:
+        paths = await asyncio.gather(*(pooled.fetchval("SHOW search_path") for _ in range(40)))
+        plans = await asyncio.gather(*(pooled.fetchval("SHOW plan_cache_mode") for _ in range(40)))
+    finally:
+        await pooled.close()
+    assert set(paths) == {"pg_catalog, pg_temp"}
+    assert set(plans) == {"auto"}  # no generic-plan SETs through a transaction pooler

@@ -354,6 +354,13 @@ def test_tenant_url_swaps_only_the_credentials() -> None:
     assert tenancy.tenant_url("postgresql://[::1]:5432/db", "r", "p") == "postgresql://r:p@[::1]:5432/db"
 
 
+def test_behind_a_transaction_pooler_the_workers_secret_holds_the_session_url_of_the_same_role() -> None:
+    pooled, direct = "postgresql://op:x@pgbouncer:6432/hookline", "postgresql://op:y@db-direct:5432/hookline"
+    assert tenancy._credential_data(pooled, None, "r", "pw") == {"url": "postgresql://r:pw@pgbouncer:6432/hookline"}
+    assert tenancy._credential_data(pooled, direct, "r", "pw") == {
+        "url": "postgresql://r:pw@pgbouncer:6432/hookline", "session-url": "postgresql://r:pw@db-direct:5432/hookline"}
+
+
 @pytest.mark.parametrize(("namespace", "handler", "allowed"), [
     ("team-a", "team_a.hooks:f", True),
     ("team-a", "team_a:f", True),
