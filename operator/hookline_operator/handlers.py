@@ -97,8 +97,13 @@ async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any)
     memo.kube = Kube()
     # Lean: no RESET ALL / UNLISTEN * / CLOSE ALL / advisory unlock per release (four statements per
     # acquire, per resource and tick); nothing here leaves session state behind.
-    memo.pool = await db.create_pool(min_size=1, max_size=pools.OPERATOR - pools.LEADER_LOCK, lean=True,
-                                     pinned_search_path=True)
+    try:
+        memo.pool = await db.create_pool(min_size=1, max_size=pools.OPERATOR - pools.LEADER_LOCK, lean=True,
+                                         pinned_search_path=True)
+    except db.ConnectionConfigError as exc:
+        # kopf retries a failed startup handler for ever; retrying cannot mend configuration (main.run
+        # turns this into the CLI's one line and exit status).
+        raise kopf.PermanentError(str(exc)) from exc
     memo.tasks.append(asyncio.create_task(
         durability.watch(memo.pool, await durability.check_at_start(memo.pool)), name="durability"))
     # Its own connection (HOOKLINE_DATABASE_URL), counted in pools.OPERATOR but not taken from the pool.
