@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
             liveness_endpoint=None,
             memo=OperatorMemo(interval=args.interval, http_url=args.liveness or None),
         ))
-    except kopf.ActivityError as exc:
+    except Exception as exc:  # kopf raises its (private) ActivityError when a startup handler failed
         if (config := _config_cause(exc)) is None:
             raise
         raise config from None

@@ -23,8 +23,8 @@ import os
 import re
 import ssl
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
