@@ -25,6 +25,7 @@ import logging
 from typing import Any
 from urllib.parse import urlsplit
 
+import asyncpg
 import kopf
 
 from hookline.core import db, durability, http, pools
@@ -92,18 +93,23 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.posting.level = logging.INFO
 
 
-async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
-    configure(settings)
-    memo.kube = Kube()
-    # Lean: no RESET ALL / UNLISTEN * / CLOSE ALL / advisory unlock per release (four statements per
-    # acquire, per resource and tick); nothing here leaves session state behind.
+async def open_pool() -> asyncpg.Pool:
+    """The operator's pool (HOOKLINE_DATABASE_URL). Lean: no RESET ALL / UNLISTEN * / CLOSE ALL / advisory
+    unlock per release (four statements per acquire, per resource and tick); nothing here leaves session
+    state behind."""
     try:
-        memo.pool = await db.create_pool(min_size=1, max_size=pools.OPERATOR - pools.LEADER_LOCK, lean=True,
-                                         pinned_search_path=True)
+        return await db.create_pool(min_size=1, max_size=pools.OPERATOR - pools.LEADER_LOCK, lean=True,
+                                    pinned_search_path=True)
     except db.ConnectionConfigError as exc:
         # kopf retries a failed startup handler for ever; retrying cannot mend configuration (main.run
         # turns this into the CLI's one line and exit status).
         raise kopf.PermanentError(str(exc)) from exc
+
+
+async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
+    configure(settings)
+    memo.kube = Kube()
+    memo.pool = await open_pool()
     memo.tasks.append(asyncio.create_task(
         durability.watch(memo.pool, await durability.check_at_start(memo.pool)), name="durability"))
     # Its own connection (HOOKLINE_DATABASE_URL), counted in pools.OPERATOR but not taken from the pool.
