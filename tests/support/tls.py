@@ -102,6 +102,11 @@ class TLSServer:
         return (f"postgresql://{PASSWORD_ROLE}:{quote(self.password, safe='')}@{host}:{self.server.port}/{DATABASE}"
                 f"?sslmode={mode}&sslrootcert={ca or self.ca}")
 
+    def superuser_url(self) -> str:
+        """The postgres role's, to look at every session (pg_stat_ssl)."""
+        return (f"postgresql://postgres:{quote(self.server.password, safe='')}@127.0.0.1:{self.server.port}/"
+                f"{DATABASE}?sslmode=verify-full&sslrootcert={self.ca}")
+
     def cert_url(self, host: str = "127.0.0.1") -> str:
         """CERT_ROLE's URL: no password, a client certificate instead."""
         return (f"postgresql://{CERT_ROLE}@{host}:{self.server.port}/{DATABASE}?sslmode=verify-full"

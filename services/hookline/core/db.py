@@ -286,7 +286,8 @@ def tls_problem(exc: BaseException, url: str) -> str | None:
                     f"sslmode=verify-full checks the URL's host against the certificate's names; connect by "
                     "a name the certificate carries")
         return (f"the server's TLS certificate for host {host} did not verify against sslrootcert {root} "
-                f"({exc.verify_message}): set sslrootcert to the CA bundle that signed the server's certificate")
+                f"(certificate verify failed: {exc.verify_message}): set sslrootcert to the CA bundle that "
+                "signed the server's certificate")
     if isinstance(exc, asyncpg.ClientConfigurationError):  # sslmode=verify-* with no root certificate to use
         return f"TLS configuration for host {host}: {exc}"
     if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
