@@ -138,7 +138,8 @@ def tls_server(directory: Path, names: tuple[str, ...] = ("127.0.0.1", "localhos
     _setup_roles(server, password)
     server.stop()
     # The server's files live in its data directory, owned by the user it runs as; its key 0600.
-    write_pem(issue(ca, "hookline test server", names=names), server.pgdata / "server.crt", server.pgdata / "server.key")
+    write_pem(issue(ca, "hookline test server", names=names),
+              server.pgdata / "server.crt", server.pgdata / "server.key")
     shutil.copy(certs / "ca.crt", server.pgdata / "client-ca.crt")
     if server._run_as:
         for name in ("server.crt", "server.key", "client-ca.crt"):
