@@ -108,8 +108,8 @@ async def open_pool() -> asyncpg.Pool:
 
 async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
     configure(settings)
+    memo.pool = await open_pool()  # first: a database that cannot be reached by configuration ends the start
     memo.kube = Kube()
-    memo.pool = await open_pool()
     memo.tasks.append(asyncio.create_task(
         durability.watch(memo.pool, await durability.check_at_start(memo.pool)), name="durability"))
     # Its own connection (HOOKLINE_DATABASE_URL), counted in pools.OPERATOR but not taken from the pool.
