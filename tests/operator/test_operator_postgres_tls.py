@@ -51,7 +51,7 @@ async def test_the_operator_connects_over_verify_full(apiserver: ApiServer, name
         operator.stop()
 
 
-def test_a_wrong_ca_ends_the_operator_with_one_line(apiserver: ApiServer, namespace: str, tls: TLSServer,
+async def test_a_wrong_ca_ends_the_operator_with_one_line(apiserver: ApiServer, namespace: str, tls: TLSServer,
                                                     log_dir: Path) -> None:
     operator = ServiceProcess(["operator", "--namespace", namespace], tls.password_url(ca=tls.other_ca), log_dir,
                               env=operator_env(apiserver, [namespace], log_dir)).start(None)
