@@ -25,6 +25,7 @@ import logging
 from typing import Any
 from urllib.parse import urlsplit
 
+import asyncpg
 import kopf
 
 from hookline.core import db, durability, http, pools
@@ -93,13 +94,23 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.posting.level = logging.INFO
 
 
+async def open_pool() -> asyncpg.Pool:
+    """The operator's pool (HOOKLINE_DATABASE_URL). Lean: no RESET ALL / UNLISTEN * / CLOSE ALL / advisory
+    unlock per release (four statements per acquire, per resource and tick); nothing here leaves session
+    state behind."""
+    try:
+        return await db.create_pool(min_size=1, max_size=pools.OPERATOR - pools.LEADER_LOCK, lean=True,
+                                    pinned_search_path=True, transaction_pooling=transaction_pooling())
+    except db.ConnectionConfigError as exc:
+        # kopf retries a failed startup handler for ever; retrying cannot mend configuration (main.run
+        # turns this into the CLI's one line and exit status).
+        raise kopf.PermanentError(str(exc)) from exc
+
+
 async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
     configure(settings)
+    memo.pool = await open_pool()  # first: a database that cannot be reached by configuration ends the start
     memo.kube = Kube()
-    # Lean: no RESET ALL / UNLISTEN * / CLOSE ALL / advisory unlock per release (four statements per
-    # acquire, per resource and tick); nothing here leaves session state behind.
-    memo.pool = await db.create_pool(min_size=1, max_size=pools.OPERATOR - pools.LEADER_LOCK, lean=True,
-                                     pinned_search_path=True, transaction_pooling=transaction_pooling())
     memo.tasks.append(asyncio.create_task(
         durability.watch(memo.pool, await durability.check_at_start(memo.pool)), name="durability"))
     # Its own connection (HOOKLINE_DATABASE_SESSION_URL, else HOOKLINE_DATABASE_URL), counted in

@@ -41,16 +41,31 @@ def run(args: argparse.Namespace) -> int:
     secrets_at_rest.required_ring("the operator")
     check_settings()
     os.environ.setdefault("POD_ID", own_identity())
-    asyncio.run(kopf.operator(
-        registry=handlers.register(args.interval),
-        standalone=not args.peering,
-        clusterwide=args.all_namespaces,
-        namespaces=args.namespaces or (),
-        # Our own server answers /healthz, /readyz and /metrics (started with the pool).
-        liveness_endpoint=None,
-        memo=OperatorMemo(interval=args.interval, http_url=args.liveness or None),
-    ))
+    try:
+        asyncio.run(kopf.operator(
+            registry=handlers.register(args.interval),
+            standalone=not args.peering,
+            clusterwide=args.all_namespaces,
+            namespaces=args.namespaces or (),
+            # Our own server answers /healthz, /readyz and /metrics (started with the pool).
+            liveness_endpoint=None,
+            memo=OperatorMemo(interval=args.interval, http_url=args.liveness or None),
+        ))
+    except Exception as exc:  # kopf raises its (private) ActivityError when a startup handler failed
+        if (config := _config_cause(exc)) is None:
+            raise
+        raise config from None
     return 0
+
+
+def _config_cause(exc: BaseException) -> BaseException | None:
+    """The ConfigError a failed startup handler was raised from (handlers.startup), if any."""
+    from hookline.core.config import ConfigError
+
+    cause = exc.__cause__
+    while cause is not None and not isinstance(cause, ConfigError):
+        cause = cause.__cause__
+    return cause
 
 
 def own_identity() -> str:

@@ -23,6 +23,8 @@ def _fail(message: str) -> int:
 async def _connect() -> asyncpg.Connection:
     try:
         return await db.connect(pinned_search_path=True)
+    except db.ConnectionConfigError:
+        raise  # its message says it all, URL included
     except db.DATABASE_ERRORS as exc:
         from hookline.core.config import ConfigError, redact_url
         from hookline.core.settings import database_session_url, database_url

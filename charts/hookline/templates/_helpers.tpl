@@ -141,6 +141,43 @@ and migrate Job read it at each new connection; worker pods never get it (they l
 {{- end }}
 {{- end }}
 
+{{/* Postgres's CA bundle and client certificate (values database.tls), at one fixed path in every pod
+that connects (the URL names the files: docs/postgres.md, "TLS"). */}}
+{{- define "hookline.postgresTLSMount" -}}
+{{- if or .Values.database.tls.caSecret .Values.database.tls.clientSecret }}
+- name: postgres-tls
+  mountPath: /etc/hookline/postgres-tls
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "hookline.postgresTLSVolume" -}}
+{{- $tls := .Values.database.tls }}
+{{- if or $tls.caSecret $tls.clientSecret }}
+- name: postgres-tls
+  projected:
+    # Readable by the pod's fsGroup (podSecurityContext), not by other users.
+    defaultMode: 0440
+    sources:
+      {{- if $tls.caSecret }}
+      - secret:
+          name: {{ $tls.caSecret }}
+          items:
+            - key: {{ $tls.caKey }}
+              path: ca.crt
+      {{- end }}
+      {{- if $tls.clientSecret }}
+      - secret:
+          name: {{ $tls.clientSecret }}
+          items:
+            - key: tls.crt
+              path: client.crt
+            - key: tls.key
+              path: client.key
+      {{- end }}
+{{- end }}
+{{- end }}
+
 {{/* Environment shared by every Hookline container. */}}
 {{- define "hookline.commonEnv" -}}
 - name: HOOKLINE_DATABASE_URL
@@ -200,6 +237,7 @@ prometheus.io/path: /metrics
 {{- define "hookline.volumeMounts" -}}
 - name: tmp
   mountPath: /tmp
+{{- include "hookline.postgresTLSMount" . | nindent 0 }}
 {{- if .Values.devSourceSync.enabled }}
 - name: dev-src
   mountPath: /opt/hookline-dev/src
@@ -210,6 +248,7 @@ prometheus.io/path: /metrics
 - name: tmp
   emptyDir:
     sizeLimit: 64Mi
+{{- include "hookline.postgresTLSVolume" . | nindent 0 }}
 {{- if .Values.devSourceSync.enabled }}
 - name: dev-src
   emptyDir:
@@ -372,6 +411,14 @@ pod:
         envFrom:
           {{- toYaml . | nindent 10 }}
         {{- end }}
+        {{- with (include "hookline.postgresTLSMount" .) }}
+        volumeMounts:
+          {{- . | nindent 10 }}
+        {{- end }}
+    {{- with (include "hookline.postgresTLSVolume" .) }}
+    volumes:
+      {{- . | nindent 6 }}
+    {{- end }}
 {{- end }}
 
 {{/* Each process's most connections, named as in hookline.core.pools (where the services size

@@ -8,11 +8,13 @@ class ConfigError(ValueError):
 
 
 def redact_url(url: str) -> str:
-    """The URL with its password replaced, safe to print or log."""
+    """The URL with its password (and the client key's ``sslpassword``) replaced, safe to print or log."""
+    import re
     from urllib.parse import urlsplit, urlunsplit
 
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+    query = re.sub(r"(?i)((?:^|&)sslpassword=)[^&]*", r"\1***", parts.query)
+    return urlunsplit(parts._replace(netloc=netloc, query=query))

@@ -19,14 +19,18 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import json
+import os
 import re
+import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
 from hookline.core import metrics
+from hookline.core.config import ConfigError, redact_url
 from hookline.core.settings import (
     database_password_file,
     database_session_url,
@@ -264,15 +268,21 @@ async def create_pool(
     settings = {} if transaction_pooling else {
         **({name: value for name, (value, _) in GENERIC_PLAN_SETTINGS.items()} if generic_plans else {}),
         **(PINNED_SEARCH_PATH if pinned_search_path else {})}
-    pool = await asyncpg.create_pool(
-        **connect_arguments(url, password_file),
-        min_size=min_size,
-        max_size=max_size,
-        command_timeout=command_timeout,
-        init=_session_setup(settings),
-        **({"reset": _keep_session} if lean else {"reset": _reset_keeping(settings)} if settings else {}),
-        **({"statement_cache_size": 0} if transaction_pooling else {}),
-    )
+    arguments = connect_arguments(url, password_file)
+    try:
+        pool = await asyncpg.create_pool(
+            **arguments,
+            min_size=min_size,
+            max_size=max_size,
+            command_timeout=command_timeout,
+            init=_session_setup(settings),
+            **({"reset": _keep_session} if lean else {"reset": _reset_keeping(settings)} if settings else {}),
+            **({"statement_cache_size": 0} if transaction_pooling else {}),
+        )
+    except DATABASE_ERRORS as exc:
+        if (problem := _configuration_error(exc, arguments["dsn"])) is not None:
+            raise problem from None
+        raise
     assert pool is not None
     metrics.track_pool(pool)
     return pool
@@ -282,6 +292,72 @@ async def connect(url: str | None = None, *, password_file: Path | None = None,
                   pinned_search_path: bool = False) -> asyncpg.Connection:
     """A single connection with a session of its own (for LISTEN, leader leases, migrations and one-shot
     commands); ``url`` and ``password_file``: see connect_arguments (None: the session URL)."""
-    conn = await asyncpg.connect(**connect_arguments(url, password_file, session=True))
+    arguments = connect_arguments(url, password_file, session=True)
+    try:
+        conn = await asyncpg.connect(**arguments)
+    except DATABASE_ERRORS as exc:
+        if (problem := _configuration_error(exc, arguments["dsn"])) is not None:
+            raise problem from None
+        raise
     await _session_setup(PINNED_SEARCH_PATH if pinned_search_path else {})(conn)
     return conn
+
+
+class ConnectionConfigError(ConfigError, OSError):
+    """A connection failed for a reason of configuration, not an outage: TLS (a server certificate that
+    does not verify against sslrootcert, or does not name the URL's host; a certificate or key file that
+    cannot be read or is refused). Its message is one line: the URL (redacted), the host, the file.
+
+    A ConfigError, so that a command or service meeting it at start exits at once with that line
+    (cli.py, exit status 2): retrying cannot help, and a restarting pod shows the line in its log, under
+    its orchestrator's back-off. An OSError too (as ssl.SSLCertVerificationError is): a connection lost
+    later and reopened (LISTEN, leader leases) goes on retrying with back-off as for an outage, as a
+    running service should while someone rotates a CA."""
+
+
+# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH.
+_NAME_MISMATCH = (62, 64)
+_TLS_FILES = ("sslrootcert", "sslcert", "sslkey", "sslcrl")
+
+
+def _tls_parameters(url: str) -> dict[str, str]:
+    """The URL's TLS parameters (libpq's names), with asyncpg's PGSSL* fallbacks."""
+    query = {name: values[-1] for name, values in parse_qs(urlsplit(url).query).items()}
+    found = {name: query[name] for name in ("sslmode", *_TLS_FILES) if query.get(name)}
+    for name in _TLS_FILES:
+        if name not in found and (value := os.environ.get(f"PG{name.upper()}")):
+            found[name] = value
+    return found
+
+
+def tls_problem(exc: BaseException, url: str) -> str | None:
+    """What is wrong with ``url``'s TLS setup, given the error a connection to it raised; None when the
+    error is not one of TLS configuration (an outage, a wrong password, ...)."""
+    tls = _tls_parameters(url)
+    host = urlsplit(url).hostname or "the default host"
+    root = tls.get("sslrootcert", "~/.postgresql/root.crt (no sslrootcert given)")
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        if exc.verify_code in _NAME_MISMATCH:
+            return (f"the server's TLS certificate is not valid for host {host} ({exc.verify_message}): "
+                    f"sslmode=verify-full checks the URL's host against the certificate's names; connect by "
+                    "a name the certificate carries")
+        return (f"the server's TLS certificate for host {host} did not verify against sslrootcert {root} "
+                f"(certificate verify failed: {exc.verify_message}): set sslrootcert to the CA bundle that "
+                "signed the server's certificate")
+    if isinstance(exc, asyncpg.ClientConfigurationError):  # sslmode=verify-* with no root certificate to use
+        return f"TLS configuration for host {host}: {exc}"
+    if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+        return None  # the connection ended mid-handshake: an outage as any other
+    if isinstance(exc, ssl.SSLError):  # a certificate or key file refused, or the server refused ours
+        files = ", ".join(f"{name} {tls[name]}" for name in _TLS_FILES if name in tls) or "no certificate files"
+        return f"TLS with host {host} failed ({exc.reason or exc}) with {files}"
+    if isinstance(exc, OSError) and not isinstance(exc, ConnectionError | TimeoutError):
+        for name in _TLS_FILES:
+            if name in tls and not os.access(tls[name], os.R_OK):
+                return f"{name} {tls[name]} cannot be read ({exc.strerror or exc})"
+    return None
+
+
+def _configuration_error(exc: BaseException, url: str) -> ConnectionConfigError | None:
+    problem = tls_problem(exc, url)
+    return ConnectionConfigError(f"cannot connect to {redact_url(url)}: {problem}") if problem else None
