@@ -95,8 +95,10 @@ async def test_services_ingest_drain_and_deliver_through_it(pair: Pair, database
                                  "--event-type", "order.*", "--secret", SECRET)
             assert added.returncode == 0, added.stderr
             ours = receiver(url, log_dir)
+            procs.append(ours)
             # The worker waits on NOTIFY (its LISTEN connection) and elects a leader (the sweeper's).
-            procs += [ours, worker(url, log_dir, "--sweep"), relay(url, log_dir, "--allow-private-networks")]
+            procs.append(worker(url, log_dir, "--sweep"))
+            procs.append(relay(url, log_dir, "--allow-private-networks"))
             async with aiohttp.ClientSession() as http:
                 for i in range(20):
                     body = json.dumps({"id": f"ord_{i}", "type": "order.paid"})
