@@ -7,7 +7,8 @@ its effect and publishes an outbox event in the event's transaction, and a relay
 outbox to a local endpoint, the primary's keeper and postmaster are SIGKILLed. Then: every event
 the receiver acknowledged is stored; each event has exactly one effect and one outbox event; each
 outbox event reached the endpoint with its own id as webhook-id; no lease is left behind; the
-workers' LISTEN connection and the Maintainer's leadership work on the new primary. The times
+Maintainer's leadership is renewed on the new primary (that LISTEN wake-ups resume is not proven:
+the services poll every few seconds here). The times
 from the kill to the first acknowledged event and to a drained backlog are printed. Then the old
 primary rejoins as a standby, and nothing changes.
 """
