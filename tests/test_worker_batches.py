@@ -269,3 +269,29 @@ async def test_a_handler_that_leaves_its_transaction_aborted_fails_alone(
     logged = await tables.fetchval("SELECT error FROM hookline.attempts WHERE row_id = "
                                    "(SELECT id FROM hookline.inbox WHERE event_id = $1) AND attempt = 1", culprit)
     assert logged is not None and "AbortedByHandler" in logged
+
+
+async def test_a_batch_whose_connection_dies_fails_as_a_whole_and_runs_again(
+        database_url: str, tables: asyncpg.Pool, log_dir) -> None:
+    """The server ends a batch's connection mid-batch (pg_terminate_backend, as a failover does):
+    asyncpg hands the dead connection back to the pool at once, so the batch must not touch it
+    again (its rollback to the first savepoint, or booking a handler failure in its transaction,
+    raised "connection has been released back to the pool"). The batch's events fail as one, on
+    the pool, and their retries apply each once."""
+    apply_provider(database_url, "batch", PROVIDER)
+    ids = await insert(tables, "batch", [("ok", None)] * 3 + [("terminate", None)] + [("ok", None)] * 3)
+    w = worker(database_url, log_dir, *BATCH)
+    try:
+        await eventually(lambda: tables.fetchval(UNFINISHED), equals=0, timeout=60)
+    finally:
+        assert w.stop() == 0
+    txids = await first_attempt_txids(tables)
+    assert {e for e, txid in txids.items() if txid == txids[ids[3]]} - {ids[3]}, txids  # it had batch-mates
+    assert "released back to the pool" not in w.logs()
+    assert await effects_per_event(tables) == Counter(ids)
+    assert set(await tables.fetch("SELECT DISTINCT status FROM hookline.inbox")) == {("done",)}
+    # The batch's first attempt failed for its connection, booked as such (not as a handler's fault).
+    errors = await tables.fetch("SELECT a.error FROM hookline.attempts a JOIN hookline.inbox i ON i.id = a.row_id "
+                                "WHERE a.attempt = 1 AND a.error IS NOT NULL")
+    assert errors and all(r["error"].startswith("ConnectionLost: the connection to Postgres was lost")
+                          for r in errors), errors

@@ -47,7 +47,9 @@ async def effect_or_trouble(event: Any, conn: asyncpg.Connection) -> None:
       as a sweep followed by another worker's claim would (expired, another holder);
     * ``kill``: SIGKILLs its own worker, in the middle of its batch's transaction;
     * ``swallow``: a statement of it fails and it catches the error, returning normally with
-      its transaction aborted.
+      its transaction aborted;
+    * ``terminate``: from another connection, ends its own connection's backend
+      (``pg_terminate_backend``), as a failover or a server restart does mid-batch.
     """
     await _record(event, conn)
     if event.attempts > 1:
@@ -64,6 +66,8 @@ async def effect_or_trouble(event: Any, conn: asyncpg.Connection) -> None:
         # A statement fails and the handler catches the error: its transaction is left aborted.
         with contextlib.suppress(asyncpg.DataError):
             await conn.execute("SELECT 1 / 0")
+    if event.event_type == "terminate":
+        await (await _side_pool()).execute("SELECT pg_terminate_backend($1)", conn.get_server_pid())
 
 
 async def record_plan_cache_mode(event: Any, conn: asyncpg.Connection) -> None:

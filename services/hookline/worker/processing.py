@@ -93,6 +93,11 @@ class AbortedByHandler(Exception):
     aborted (the error was caught, not raised): a failure of that handler's event."""
 
 
+class ConnectionLost(Exception):
+    """The server ended a batch's connection (a failover, a restart): its transaction is gone and
+    no handler is at fault; every event of the batch fails this attempt and runs again."""
+
+
 @dataclass
 class LoadedHandler:
     function: Handler
@@ -153,6 +158,25 @@ async def handler_transaction(conn: asyncpg.Connection, first: str = "") -> Asyn
         await rollback(conn)
         raise
     await conn.execute("COMMIT")
+
+
+def connection_lost(conn: asyncpg.Connection) -> bool:
+    """True once the server has ended ``conn`` (a failover, a restart, pg_terminate_backend). The
+    pool takes such a connection back at once and every later call on it raises InterfaceError
+    ("released back to the pool"), so a batch must send nothing more on it: its whole transaction
+    is gone, and a failure seen on it is the connection's, not the handler's."""
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:  # released already
+        return True
+
+
+def lost_connection(seen: Exception) -> ConnectionLost:
+    """The batch's failure for ``seen``, the first error on a connection the server ended (often
+    asyncpg's "released back to the pool", which would read as a bug of ours)."""
+    failure = ConnectionLost(f"the connection to Postgres was lost mid-transaction ({type(seen).__name__})")
+    failure.__cause__ = seen
+    return failure
 
 
 async def rollback(conn: asyncpg.Connection) -> None:
@@ -461,7 +485,8 @@ class TransactionBatches:
         """Every job of the batch, none in a savepoint of its own (a round trip less each), and
         their completion; None, with nothing undone yet, as soon as anything goes wrong: a handler
         raises, a lease is lost, or the transaction is left aborted. The caller then rolls the
-        batch back to its first savepoint and runs it again job by job, which finds the culprit."""
+        batch back to its first savepoint and runs it again job by job, which finds the culprit.
+        A connection the server ended raises ConnectionLost instead: the batch fails as a whole."""
         outcomes: list[Outcome | None] = [None] * len(jobs)
         began = time.monotonic()
         ran: list[int] = []
@@ -470,6 +495,8 @@ class TransactionBatches:
                 break
             result = await caught(self._effects.apply(conn, jobs[i]))
             if isinstance(result, Exception):
+                if connection_lost(conn):  # nothing to roll back to: the batch fails as a whole
+                    raise lost_connection(result)
                 return None
             outcomes[i] = DONE if result is Result.DONE else Outcome(result)
             ran.append(i)
@@ -510,6 +537,8 @@ class TransactionBatches:
         whose lease was lost, rolls back to the savepoint (a failure is then booked in the same
         transaction)."""
         result = await caught(self._effects.apply(conn, job))
+        if isinstance(result, Exception) and connection_lost(conn):
+            raise lost_connection(result)  # the batch's transaction is gone with its connection
         if isinstance(result, LeaseLost):
             await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
             return LOST
