@@ -9,7 +9,7 @@ STAMP   = $(VENV)/.installed-$(HASH)
 RUN_STAMP = $(VENV)/.installed-run-$(HASH)
 ARGS   ?=
 
-.PHONY: run test lint typecheck pytest schema docs chart-docs crds helm-docs bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images engines clean help
+.PHONY: run test lint typecheck pytest pytest-pg15 schema docs chart-docs crds helm-docs bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images engines clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 run: $(if $(wildcard $(STAMP)),$(STAMP),$(RUN_STAMP))  ## start the whole stack on an embedded Postgres (Ctrl-C stops it)
 	$(BIN)/hookline dev $(ARGS)
 
-test: lint typecheck pytest  ## ruff, mypy --strict and the whole test suite
+test: lint typecheck pytest pytest-pg15  ## ruff, mypy --strict, the whole test suite, and its database-facing files on Postgres 15
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check services operator tests
@@ -46,6 +46,17 @@ typecheck: $(STAMP)  ## mypy --strict on the project's packages
 
 pytest: $(STAMP) envtest helm-docs prometheus cluster images engines  ## the test suite (real Postgres, real processes, a real kube-apiserver, Prometheus and pods on a local cluster, failover, PgBouncer)
 	$(BIN)/pytest $(ARGS)
+
+# The database-facing files again on the oldest supported major (docs/postgres.md, "Supported
+# versions"): the queue, the schema and its upgrades, the tenant boundary, retention and the services.
+PG15_TESTS = tests/test_sql.py tests/test_queue.py tests/test_outbox.py tests/test_worker.py \
+	tests/test_receiver.py tests/test_tenant_boundary.py tests/test_tenant_roles.py tests/test_upgrade.py \
+	tests/test_retention.py tests/test_attempt_log_partitions.py tests/test_maintenance.py \
+	tests/test_history.py tests/test_secrets_at_rest.py tests/test_status.py tests/test_dlq_inbox.py \
+	tests/test_end_to_end.py tests/test_worker_crash_isolation.py tests/test_listener.py tests/test_relay.py
+
+pytest-pg15: $(STAMP) engines  ## the database-facing test files on Debian's Postgres 15 (the suite's other run is on the embedded 18)
+	HOOKLINE_TEST_POSTGRES=15 $(BIN)/pytest $(PG15_TESTS)
 
 schema: $(STAMP)  ## rewrite services/hookline/core/sql/schema.sql, the current schema as one file, from the migrations
 	PYTHONPATH=tests $(BIN)/python -m support.schema
