@@ -23,6 +23,7 @@ from hookline.core import db, migrations, secrets_at_rest
 from hookline.core.embedded import EmbeddedPostgres
 from hookline.core.queue import INBOX, OUTBOX
 from support.engines import postgres_15
+from support.ha import Formation
 from support.postgres import TEMPLATE, PgServer, with_database
 
 # Signing secrets are encrypted at rest and every path that writes or reads one needs the key file:
@@ -122,3 +123,15 @@ def scram_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedP
         yield server
     finally:
         server.stop("immediate")
+
+
+@pytest.fixture
+def formation() -> Iterator[Formation]:
+    """A running pg_auto_failover formation (a monitor, a primary and a synchronous standby, Debian's
+    Postgres 15; tests/support/ha.py), stopped afterwards."""
+    ha = Formation()
+    try:
+        ha.start()
+        yield ha
+    finally:
+        ha.stop()

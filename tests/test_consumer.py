@@ -40,9 +40,11 @@ class GatedConsumer(LeasedConsumer):
     """Claims inbox rows of provider "p"; each task waits for ``effect[id]`` (then gives back its
     slot, as the worker does once an effect is done) and for ``booked[id]`` before completing."""
 
-    def __init__(self, pool: asyncpg.Pool, listener: Listener, concurrency: int) -> None:
-        super().__init__(pool, INBOX, worker_id="gated", channels=(), concurrency=concurrency,
-                         poll_interval=0.05, grace_period=1.0, completion_overlap=concurrency, listener=listener)
+    def __init__(self, pool: asyncpg.Pool, listener: Listener, concurrency: int, poll_interval: float = 0.05,
+                 channels: tuple[str, ...] = ()) -> None:
+        super().__init__(pool, INBOX, worker_id="gated", channels=channels, concurrency=concurrency,
+                         poll_interval=poll_interval, grace_period=1.0, completion_overlap=concurrency,
+                         listener=listener)
         self.effect: dict[int, asyncio.Event] = {}
         self.booked: dict[int, asyncio.Event] = {}
         self.log: list[tuple[str, int, bool]] = []  # ("start" | "end", id, suspect)
@@ -82,13 +84,13 @@ class GatedConsumer(LeasedConsumer):
 
 
 @pytest.fixture
-async def consumers(database_url: str, pool: asyncpg.Pool) -> AsyncIterator[Callable[[int], GatedConsumer]]:
+async def consumers(database_url: str, pool: asyncpg.Pool) -> AsyncIterator[Callable[..., GatedConsumer]]:
     started: list[GatedConsumer] = []
     listener = Listener(DedicatedConnection(database_url))
     await listener.start()
 
-    def start(concurrency: int) -> GatedConsumer:
-        consumer = GatedConsumer(pool, listener, concurrency)
+    def start(concurrency: int, poll_interval: float = 0.05, channels: tuple[str, ...] = ()) -> GatedConsumer:
+        consumer = GatedConsumer(pool, listener, concurrency, poll_interval, channels)
         started.append(consumer)
         return consumer
 
@@ -106,7 +108,7 @@ async def ids_of(pool: asyncpg.Pool, event_ids: list[str]) -> list[int]:
 
 
 async def test_an_effect_done_keeps_its_lease_until_its_completion_is_written(
-        pool: asyncpg.Pool, consumers: Callable[[int], GatedConsumer]) -> None:
+        pool: asyncpg.Pool, consumers: Callable[..., GatedConsumer]) -> None:
     [event] = await insert_events(pool, "p", 1)
     consumer = consumers(2)
     await consumer.start_loops()
@@ -134,7 +136,7 @@ async def test_an_effect_done_keeps_its_lease_until_its_completion_is_written(
 
 
 async def test_shutdown_hands_back_unstarted_work_but_never_an_effect_done(
-        pool: asyncpg.Pool, consumers: Callable[[int], GatedConsumer]) -> None:
+        pool: asyncpg.Pool, consumers: Callable[..., GatedConsumer]) -> None:
     await insert_events(pool, "p", 2)
     consumer = consumers(2)
     await consumer.start_loops()
@@ -158,7 +160,7 @@ async def _sweep_forever(pool: asyncpg.Pool) -> None:
 
 
 async def test_a_suspect_waits_for_in_flight_work_then_runs_alone(
-        pool: asyncpg.Pool, consumers: Callable[[int], GatedConsumer]) -> None:
+        pool: asyncpg.Pool, consumers: Callable[..., GatedConsumer]) -> None:
     before = await ids_of(pool, await insert_events(pool, "p", 3))
     consumer = consumers(3)
     consumer.suspect_check_interval = 0  # look for suspects on every claim round
@@ -189,6 +191,79 @@ async def test_a_suspect_waits_for_in_flight_work_then_runs_alone(
     assert sorted(starts) == sorted([*before, suspect, *after])
     assert await pool.fetchval("SELECT suspect FROM hookline.inbox WHERE id = $1", suspect) is False
     assert _suspects_claimed() == claimed_before + 1
+
+
+NEVER_POLLS = 600.0  # longer than any test: only a wake-up or the next due row can start a claim
+
+
+async def test_an_idle_consumer_wakes_when_the_next_row_comes_due(
+        pool: asyncpg.Pool, consumers: Callable[..., GatedConsumer]) -> None:
+    # A retry's backoff (or a deferral) runs out with nobody notifying: the consumer must not sleep
+    # through its poll interval, but only until that row is due.
+    [event] = await insert_events(pool, "p", 1)
+    await pool.execute("UPDATE hookline.inbox SET next_attempt_at = now() + interval '2 seconds'")
+    consumer = consumers(1, NEVER_POLLS)
+    await consumer.start_loops()
+    await eventually(lambda: len(consumer.effect) == 1, timeout=30)
+    [id] = consumer.effect
+    assert await pool.fetchval("SELECT next_attempt_at <= now() FROM hookline.inbox WHERE id = $1", id)
+    consumer.finish(id)
+    await eventually(lambda: pool.fetchval("SELECT status FROM hookline.inbox WHERE event_id = $1", event),
+                     equals="done")
+
+
+async def test_an_idle_consumer_runs_a_swept_suspect_once_it_is_due(
+        pool: asyncpg.Pool, consumers: Callable[..., GatedConsumer]) -> None:
+    # After a failover (or a crash) the sweep hands back leases into backoff as suspects: it wakes
+    # the consumers, which sleep until the first is due and then look for a suspect at once, not a
+    # suspect check interval (here: the poll interval) later.
+    [event] = await insert_events(pool, "p", 1)
+    [claimed] = await INBOX.claim(pool, "p", 1, "crashed-worker", 0.0)
+    consumer = consumers(1, NEVER_POLLS, (INBOX.channel,))
+    await consumer.start_loops()
+    await asyncio.sleep(0.5)  # its first round found nothing to claim: now it is idle
+    assert not consumer.effect
+    swept = await sweep_once(pool, {"p": RetryPolicy(max_attempts=10, initial_delay=1, max_delay=1)})
+    assert swept.requeued == {"p": 1}
+    await eventually(lambda: claimed["id"] in consumer.effect, timeout=30)
+    assert ("start", claimed["id"], True) in consumer.log  # claimed as a suspect, alone
+    consumer.finish(claimed["id"])
+    await eventually(lambda: pool.fetchval("SELECT status FROM hookline.inbox WHERE event_id = $1", event),
+                     equals="done")
+
+
+async def test_an_idle_consumer_looks_past_its_claim_floor(
+        pool: asyncpg.Pool, consumers: Callable[..., GatedConsumer]) -> None:
+    # A row whose transaction began long before it committed sorts behind the claim floor (core/queue.py
+    # ClaimFloors): only a claim without the floor finds it, and an idle consumer must make one.
+    [first] = await insert_events(pool, "p", 1)
+    consumer = consumers(1, NEVER_POLLS)
+    await consumer.start_loops()
+    await eventually(lambda: len(consumer.effect) == 1)
+    [late] = await insert_events(pool, "p", 1)
+    await pool.execute("UPDATE hookline.inbox SET next_attempt_at = now() - interval '10 seconds' "
+                       "WHERE event_id = $1", late)
+    [first_id] = consumer.effect
+    consumer.finish(first_id)
+    [late_id] = await ids_of(pool, [late])
+    await eventually(lambda: late_id in consumer.effect, timeout=30)
+    consumer.finish(late_id)
+    await eventually(lambda: pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'done'"), equals=2)
+
+
+async def test_next_due_reads_only_future_rows_of_the_partitions_asked(pool: asyncpg.Pool) -> None:
+    assert await INBOX.next_due(pool, ["p"]) is None and await INBOX.next_due(pool, []) is None
+    await insert_events(pool, "p", 2)
+    await insert_events(pool, "other", 1)
+    assert await INBOX.next_due(pool, ["p"]) is None  # due already: the claim takes them, no timer
+    await pool.execute("UPDATE hookline.inbox SET next_attempt_at = now() + interval '30 seconds' "
+                       "WHERE provider = 'p'")
+    await pool.execute("UPDATE hookline.inbox SET next_attempt_at = now() + interval '5 seconds' "
+                       "WHERE provider = 'other'")
+    due = await INBOX.next_due(pool, ["p"])
+    assert due is not None and 25 < due <= 30
+    both = await INBOX.next_due(pool, ["p", "other"])
+    assert both is not None and 0 < both <= 5
 
 
 def _suspects_claimed() -> float:

@@ -11,6 +11,7 @@ import pytest
 
 from hookline.core import db
 from hookline.core.consumer import HeldConnection
+from support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -58,3 +59,16 @@ async def test_given_back_when_the_pool_has_no_other_connection(database_url: st
             await held.fetch(BACKEND)
             assert not held.held and pool.get_idle_size() == 1  # given back after its statement
             assert await other.fetchval("SELECT 1") == 1
+
+
+async def test_a_kept_connection_the_server_ended_is_replaced_before_the_next_statement(database_url: str,
+                                                                                       pool: asyncpg.Pool) -> None:
+    # A failover or a restart ends every backend: the loop's next statement must run on a new
+    # connection, not fail once on the dead one (a failed claim costs the loop a second's pause).
+    async with held_on(database_url, 2, 3) as (_, held):
+        [before] = await held.fetch(BACKEND)
+        assert await pool.fetchval("SELECT pg_terminate_backend($1)", before["pid"])
+        await eventually(lambda: pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                                               before["pid"]), equals=0)
+        [after] = await held.fetch(BACKEND)
+        assert after["pid"] != before["pid"] and held.held

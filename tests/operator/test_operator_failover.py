@@ -3,7 +3,6 @@ on the new primary, through the multi-host URL, with nothing restarted."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
@@ -28,16 +27,6 @@ spec:
   destination: {url: "http://payments.internal/hooks"}
   workers: {minReplicas: 0, maxReplicas: 2, targetBacklogPerReplica: 1000}
 """
-
-
-@pytest.fixture
-def formation() -> Iterator[Formation]:
-    ha = Formation()
-    try:
-        ha.start()
-        yield ha
-    finally:
-        ha.stop()
 
 
 async def _backlog(apiserver: ApiServer, namespace: str) -> int | None:

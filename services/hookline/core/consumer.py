@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from hookline.core import metrics
+from hookline.core import db, metrics
 from hookline.core.listener import Listener, Subscription
 from hookline.core.queue import Queue
 from hookline.core.tasks import cancel_and_wait
@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SUSPECT_CHECK_INTERVAL = 1.0  # seconds between "is a suspect due?" probes (one index probe each)
+MIN_IDLE_WAIT = 0.01  # seconds: a row due this instant is claimed by the next round, not by a busy loop
 
 
 class LeasedConsumer(ABC):
@@ -217,8 +218,25 @@ class LeasedConsumer(ABC):
                 await asyncio.sleep(1)
                 continue
             if not claimed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+                try:
+                    await asyncio.wait_for(self._wake.wait(), await self._idle_timeout())
+                except TimeoutError:
+                    # Nothing woke us: a row came due (or the poll interval ran out). A suspect the sweep
+                    # made is due the same way, so look for one now, not a whole check interval later.
+                    self._suspects_checked = 0.0
+
+    async def _idle_timeout(self) -> float:
+        """How long an idle claim loop waits for a wake-up: until the next row of its partitions comes
+        due (retry backoff, deferral, swept lease: nothing notifies then), or its claims are due a look
+        without their floor (``ClaimFloors``), at most the poll interval."""
+        try:
+            due = await self.queue.next_due(self.pool, list(self.suspect_partitions()))
+        except Exception as exc:
+            log.warning("could not read when the next row is due; polling", extra={"queue": self.queue.table,
+                                                                                  "error": str(exc)})
+            due = None
+        waits = [w for w in (due, self.queue.floors.full_scan_due_in()) if w is not None]
+        return min(self.poll_interval, max(MIN_IDLE_WAIT, min(waits))) if waits else self.poll_interval
 
     async def _suspect_due(self) -> bool:
         """Whether a suspect waits for this consumer; asked at most once per check interval."""
@@ -297,6 +315,8 @@ class HeldConnection:
     async def run(self, statement: Callable[[asyncpg.pool.PoolConnectionProxy], Awaitable[T]]) -> T:
         """``statement`` on the kept connection (taken from the pool if none is kept). It goes back when
         the statement fails, and after it when the pool has no other connection left."""
+        if self._conn is not None and db.connection_lost(self._conn):
+            await self.release()  # the server ended it while kept (a failover): the pool replaces it
         if self._conn is None:
             self._conn = await self._pool.acquire()
         try:

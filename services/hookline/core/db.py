@@ -173,6 +173,17 @@ GENERIC_PLAN_SETTINGS_LOCAL = "; ".join(f"SET LOCAL {name} = {value}"
                                         for name, (value, _) in GENERIC_PLAN_SETTINGS.items())
 
 
+def connection_lost(conn: asyncpg.Connection) -> bool:
+    """True once the server has ended ``conn`` (a failover, a restart, pg_terminate_backend). The
+    pool takes such a connection back at once and every later call on it raises InterfaceError
+    ("released back to the pool"), so a batch must send nothing more on it: its whole transaction
+    is gone, and a failure seen on it is the connection's, not the handler's."""
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:  # released already
+        return True
+
+
 class PasswordFile:
     """asyncpg's ``password`` when the password lives in a file (HOOKLINE_DATABASE_PASSWORD_FILE):
     asyncpg calls it for each connection it opens, a pool's included, so a token a sidecar or CSI

@@ -117,6 +117,14 @@ class ClaimFloors:
             return None
         return self._floors.get(partition)
 
+    def full_scan_due_in(self) -> float | None:
+        """Seconds until a partition that has a floor is due its claim without one (None: no partition
+        has a floor). An idle consumer wakes by then: what its floored claims missed is found by it."""
+        now = time.monotonic()
+        waits = [self._full_scans.get(p, float("-inf")) + FULL_SCAN_EVERY - now
+                 for p, floor in self._floors.items() if floor is not None]
+        return max(0.0, min(waits)) if waits else None
+
     def claimed(self, partition: str, floor: datetime | None, rows: Sequence[asyncpg.Record]) -> None:
         """Move the floor after a claim from ``floor`` returned ``rows`` (with next_attempt_at, attempts)."""
         if floor is None:
@@ -197,6 +205,13 @@ class Queue:
     async def suspects_due(self, conn: asyncpg.Connection | asyncpg.Pool, partitions: Sequence[str]) -> bool:
         return bool(await conn.fetchval(self._sql["suspects_due"], list(partitions)))
 
+    async def next_due(self, conn: asyncpg.Connection | asyncpg.Pool, partitions: Sequence[str]) -> float | None:
+        """Seconds until the next pending row of ``partitions`` is due, by the server's clock (None: none)."""
+        if not partitions:
+            return None
+        seconds = await conn.fetchval(self._sql["next_due"], list(partitions))
+        return None if seconds is None else float(seconds)
+
     async def extend_leases(self, conn: asyncpg.Connection | asyncpg.Pool, ids: Sequence[int], worker: str,
                             lease_seconds: float) -> set[int]:
         """Extend ``worker``'s leases on ``ids``; return the ids whose lease it has lost."""
@@ -231,7 +246,8 @@ class Queue:
         """The rescuer: leases that ran out go back to pending — or to dead once the partition's
         max_attempts is used up — with the attempt counted and the same backoff as a failed
         attempt (``RetryPolicy.delay``, drawn per row, so rows claimed together are not due
-        together again). Unknown partitions get ``default``; ``partition`` limits the sweep."""
+        together again), and their consumers are woken. Unknown partitions get ``default``;
+        ``partition`` limits the sweep."""
         async with _connection(conn) as c, c.transaction():
             expired = await c.fetch(self._sql["lock_expired"], limit, partition)
             if not expired:
@@ -240,6 +256,11 @@ class Queue:
                       policy.delay(r["attempts"])) for r in expired]
             await c.execute(self._sql["requeue_expired"], [r["id"] for r in expired], [f[0] for f in fates],
                             [f[1] for f in fates], [r["locked_by"] for r in expired])
+            # Requeued rows come due after their backoff, and nothing else tells an idle consumer they
+            # exist: woken now, it sleeps until the first is due (``next_due``) rather than a poll interval.
+            back = sorted({r["partition"] for r, (exhausted, _) in zip(expired, fates, strict=True) if not exhausted})
+            if back:
+                await c.execute(self._sql["wake"], self.channel, back)
         requeued: dict[str, int] = {}
         dead: dict[str, int] = {}
         holders: dict[str, set[str]] = {}

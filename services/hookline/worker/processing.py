@@ -160,17 +160,6 @@ async def handler_transaction(conn: asyncpg.Connection, first: str = "") -> Asyn
     await conn.execute("COMMIT")
 
 
-def connection_lost(conn: asyncpg.Connection) -> bool:
-    """True once the server has ended ``conn`` (a failover, a restart, pg_terminate_backend). The
-    pool takes such a connection back at once and every later call on it raises InterfaceError
-    ("released back to the pool"), so a batch must send nothing more on it: its whole transaction
-    is gone, and a failure seen on it is the connection's, not the handler's."""
-    try:
-        return bool(conn.is_closed())
-    except asyncpg.InterfaceError:  # released already
-        return True
-
-
 def lost_connection(seen: Exception) -> ConnectionLost:
     """The batch's failure for ``seen``, the first error on a connection the server ended (often
     asyncpg's "released back to the pool", which would read as a bug of ours)."""
@@ -495,7 +484,7 @@ class TransactionBatches:
                 break
             result = await caught(self._effects.apply(conn, jobs[i]))
             if isinstance(result, Exception):
-                if connection_lost(conn):  # nothing to roll back to: the batch fails as a whole
+                if db.connection_lost(conn):  # nothing to roll back to: the batch fails as a whole
                     raise lost_connection(result)
                 return None
             outcomes[i] = DONE if result is Result.DONE else Outcome(result)
@@ -537,7 +526,7 @@ class TransactionBatches:
         whose lease was lost, rolls back to the savepoint (a failure is then booked in the same
         transaction)."""
         result = await caught(self._effects.apply(conn, job))
-        if isinstance(result, Exception) and connection_lost(conn):
+        if isinstance(result, Exception) and db.connection_lost(conn):
             raise lost_connection(result)  # the batch's transaction is gone with its connection
         if isinstance(result, LeaseLost):
             await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")

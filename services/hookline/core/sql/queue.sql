@@ -138,6 +138,21 @@ SELECT EXISTS (
     SELECT 1 FROM /* TEMPLATE: table */hookline.inbox
     WHERE status = 'pending' AND suspect AND /* TEMPLATE: partition */provider = ANY($1::text[]) AND next_attempt_at <= now());
 
+-- name: next_due
+-- Seconds until the next pending row of the partitions $1 becomes due (NULL: none
+-- waits): an idle consumer sleeps until then instead of for its whole poll
+-- interval, since nothing notifies when a retry's backoff, a deferral or a swept
+-- lease runs out. Rows due already are left out: one that is due and was not
+-- claimed is held back (by its predecessor, or an open circuit) and its consumer
+-- is notified when that changes. One probe into the claimable index per partition.
+SELECT EXTRACT(EPOCH FROM min(due.at) - now())::float8
+FROM unnest($1::text[]) AS p(part)
+CROSS JOIN LATERAL (
+    SELECT next_attempt_at AS at FROM /* TEMPLATE: table */hookline.inbox
+    WHERE status = 'pending' AND /* TEMPLATE: partition */provider = p.part AND next_attempt_at > now()
+    ORDER BY next_attempt_at
+    LIMIT 1) AS due;
+
 -- name: extend_leases
 -- Heartbeat: extend this worker's leases and return the ids it has LOST (taken
 -- back by the sweeper, re-claimed by another worker, or buried). Rows locked at
