@@ -236,7 +236,7 @@ async def test_an_idle_consumer_looks_past_its_claim_floor(
         pool: asyncpg.Pool, consumers: Callable[..., GatedConsumer]) -> None:
     # A row whose transaction began long before it committed sorts behind the claim floor (core/queue.py
     # ClaimFloors): only a claim without the floor finds it, and an idle consumer must make one.
-    [first] = await insert_events(pool, "p", 1)
+    await insert_events(pool, "p", 1)
     consumer = consumers(1, NEVER_POLLS)
     await consumer.start_loops()
     await eventually(lambda: len(consumer.effect) == 1)

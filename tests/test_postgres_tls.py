@@ -150,6 +150,18 @@ async def test_a_wrong_ca_fails_once_with_one_clear_line(tls: TLSServer, log_dir
     assert _failed_handshakes(tls) == before + 1
 
 
+async def test_a_multi_host_url_names_every_host_it_tried(tls: TLSServer) -> None:
+    # asyncpg tries each host in turn and raises the last one's error: the line names them all.
+    port = tls.server.port
+    url = tls.password_url(ca=tls.other_ca).replace(f"@127.0.0.1:{port}/", f"@localhost:{port},127.0.0.1:{port}/")
+    before = _failed_handshakes(tls)
+    migrated = hookline_cli(url, "migrate")
+    assert migrated.returncode == 2
+    _assert_one_clear_line(migrated.stderr, tls)
+    assert "host 127.0.0.1 (the last of localhost, 127.0.0.1 tried)" in migrated.stderr, migrated.stderr
+    assert _failed_handshakes(tls) == before + 2  # each host once, no retry
+
+
 async def test_a_host_the_certificate_does_not_name_fails_clearly(tmp_path: Path) -> None:
     other = tls_server(tmp_path, names=("db.internal.example",))
     try:

@@ -345,11 +345,21 @@ def _tls_parameters(url: str) -> dict[str, str]:
     return found
 
 
+def _hosts(url: str) -> str:
+    """The URL's host for a message; a multi-host URL's every host (asyncpg tries each in turn and
+    raises the last one's error, so the message cannot say which refused: each is named)."""
+    netloc = urlsplit(url).netloc.rpartition("@")[2]
+    names = [urlsplit(f"//{part}").hostname or part for part in netloc.split(",") if part]
+    if len(names) > 1:
+        return f"{names[-1]} (the last of {', '.join(names)} tried)"
+    return names[0] if names else "the default host"
+
+
 def tls_problem(exc: BaseException, url: str) -> str | None:
     """What is wrong with ``url``'s TLS setup, given the error a connection to it raised; None when the
     error is not one of TLS configuration (an outage, a wrong password, ...)."""
     tls = _tls_parameters(url)
-    host = urlsplit(url).hostname or "the default host"
+    host = _hosts(url)
     root = tls.get("sslrootcert", "~/.postgresql/root.crt (no sslrootcert given)")
     if isinstance(exc, ssl.SSLCertVerificationError):
         if exc.verify_code in _NAME_MISMATCH:
