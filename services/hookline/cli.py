@@ -47,7 +47,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def _add_consumer_flags(p: argparse.ArgumentParser, what: str, port: int) -> None:
     """The flags the worker and the relay share (they share the consumer loop too)."""
     p.add_argument("--poll-interval", type=float, default=1.0,
-                   help="seconds between looks when idle and no NOTIFY arrives (default 1)")
+                   help="the longest an idle consumer sleeps: it wakes sooner on a NOTIFY or when its next "
+                   "row comes due (a retry's backoff, a swept lease), so this is only a safety net (default 1)")
     p.add_argument("--grace-period", type=float, default=25.0,
                    help=f"seconds in-flight {what} get to finish on SIGTERM (default 25)")
     p.add_argument("--host", default="0.0.0.0", help="address for /healthz, /readyz, /metrics")
