@@ -44,11 +44,8 @@ async def test_connection_kept_until_idle_and_given_back_after_a_failed_write(
         assert kept is not None
         await pool.execute("SELECT pg_terminate_backend($1)", kept)
         await eventually(lambda: pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", kept), equals=0)
-        # Which one depends on when asyncpg sees the server's goodbye; InternalClientError ("another
-        # operation is in progress") when it is mid-way through that as the statement is sent.
-        with pytest.raises((asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.InternalClientError,
-                            ConnectionError)):
-            await completer.complete(*events[2])
+        # The kept connection the server ended is replaced before the next batch (core/consumer.py
+        # HeldConnection), so that batch is written at once rather than failing once.
         assert await completer.complete(*events[2]) is True
         assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE provider = 'completer-held' "
                                    "AND status = 'done'") == 3
