@@ -178,8 +178,8 @@ async def test_a_suspect_waits_for_in_flight_work_then_runs_alone(
     await eventually(lambda: suspect in consumer.effect)
     assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'processing'") == 1
     consumer.finish(suspect)
-    # The rows behind it are claimed once it has ended (waiting for their tasks, not for a count of
-    # processing rows: under load the suspect's own row can still read as processing then).
+    # The rows behind it are claimed once it has ended (waited for by their tasks, not by a count of
+    # processing rows, which once read 3 under load while one of them was not claimed yet).
     await eventually(lambda: all(id in consumer.effect for id in after))
     for id in after:
         consumer.finish(id)
