@@ -187,6 +187,8 @@ def configure_dev_parser(subparsers: Subparsers) -> None:
         "  (HOOKLINE_DATABASE_URL is not read: the database is the embedded one. Needs hookline[dev].)\n")
     p.add_argument("--port", type=int, default=8080, help="receiver port (default 8080)")
     p.add_argument("--host", default="127.0.0.1", help="receiver address (default 127.0.0.1)")
+    p.add_argument("--console-port", type=int, default=8090,
+                   help="the console's port (default 8090; on --host); 0: no console")
     p.add_argument("--providers", type=Path, help="providers YAML file (default: a built-in example)")
     p.add_argument("--data-dir", type=Path, default=Path(".hookline"), help="where Postgres keeps its data")
     _add_import_path_flag(p, working_directory=True)
