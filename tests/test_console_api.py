@@ -224,3 +224,25 @@ async def test_the_openapi_document_is_the_live_routes_and_their_answers(
 def _matches(template: str, path: str) -> bool:
     t, p = template.strip("/").split("/"), path.strip("/").split("/")
     return len(t) == len(p) and all(a == b or a.startswith("{") for a, b in zip(t, p, strict=True))
+
+
+async def test_the_cli_reads_and_replays_through_the_api(console: processes.ServiceProcess, pool: asyncpg.Pool,
+                                                         database_url: str) -> None:
+    await seed(pool, database_url)
+    # No database for the CLI: a wrong URL proves everything goes through the console.
+    nowhere = "postgresql://nobody@127.0.0.1:1/none"
+    env = {"HOOKLINE_CONSOLE_TOKEN": TOKEN}
+    listed = processes.hookline_cli(nowhere, "events", "list", "--api", console.url, "--provider", "a",
+                                    "--status", "dead", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert len(listed.stdout.splitlines()) == 7 and "a_evt_30" in listed.stdout and "b_evt" not in listed.stdout
+    shown = processes.hookline_cli(nowhere, "events", "show", "a", "a_evt_5", "--api", console.url, env=env)
+    assert shown.returncode == 0 and "[redacted]" in shown.stdout and "secret" not in shown.stdout, shown
+    dead = processes.hookline_cli(nowhere, "dlq", "list", "--api", console.url, "--provider", "b", env=env)
+    assert dead.returncode == 0 and len(dead.stdout.splitlines()) == 7, dead
+    replayed = processes.hookline_cli(nowhere, "dlq", "replay", "--api", console.url, "--provider", "b", env=env)
+    assert replayed.returncode == 0 and "b: requeued 6 dead event(s)" in replayed.stdout, replayed
+    assert await pool.fetchval("SELECT count(*) FROM hookline.inbox WHERE status = 'dead'") == 6
+    refused = processes.hookline_cli(nowhere, "events", "list", "--api", console.url,
+                                     env={"HOOKLINE_CONSOLE_TOKEN": "not-the-token-at-all"})
+    assert refused.returncode == 1 and "401" in refused.stderr and TOKEN not in refused.stderr
