@@ -188,6 +188,8 @@ def configure_dev_parser(subparsers: Subparsers) -> None:
         "  (HOOKLINE_DATABASE_URL is not read: the database is the embedded one. Needs hookline[dev].)\n")
     p.add_argument("--port", type=int, default=8080, help="receiver port (default 8080)")
     p.add_argument("--host", default="127.0.0.1", help="receiver address (default 127.0.0.1)")
+    p.add_argument("--console-port", type=int, default=8090,
+                   help="the console's port (default 8090; on --host); 0: no console")
     p.add_argument("--providers", type=Path, help="providers YAML file (default: a built-in example)")
     p.add_argument("--data-dir", type=Path, default=Path(".hookline"), help="where Postgres keeps its data")
     _add_import_path_flag(p, working_directory=True)
@@ -259,6 +261,12 @@ def configure_worker_parser(subparsers: Subparsers) -> None:
     _add_consumer_flags(p, "events", port=8081)
 
 
+def _add_api_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api", metavar="URL", help="through a console's API (e.g. http://127.0.0.1:8090) instead of "
+                   "the database; the token from --token or HOOKLINE_CONSOLE_TOKEN")
+    p.add_argument("--token", help="the console token of --api (better: HOOKLINE_CONSOLE_TOKEN, kept out of ps)")
+
+
 def configure_dlq_parser(subparsers: Subparsers) -> None:
     p = _add_command(
         subparsers, "dlq", "inspect and requeue dead events",
@@ -283,7 +291,38 @@ def configure_dlq_parser(subparsers: Subparsers) -> None:
         action.add_argument("--since", type=_timestamp,
                             help="outbox deliveries that died at or after this time (ISO 8601)")
         action.add_argument("--until", type=_timestamp, help="outbox deliveries that died before this time (ISO 8601)")
+        _add_api_flags(action)
         _add_common(action)
+
+
+def configure_console_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "console", "a team's window on its events: JSON API and web console",
+        description="Serve the console: the JSON API under /api/v1 (OpenAPI at /api/openapi.json, errors as "
+        "application/problem+json) and the web pages, for providers, events, attempts, dead letters (and their "
+        "replay), endpoints and deliveries. Every request needs a bearer token (or the pages' session). With "
+        "--auth token one token may do everything: HOOKLINE_CONSOLE_TOKEN, or one made at start and printed "
+        "once to stderr. With --auth kubernetes the token is a ServiceAccount or OIDC token the Kubernetes API "
+        "server accepts (TokenReview): whoever may get a WebhookProvider reads its events, whoever may patch it "
+        "replays them. Reads run as the Postgres role hookline_console, limited by row-level security to what "
+        "the request may see.",
+        examples="  hookline console                                  http://127.0.0.1:8090, token printed\n"
+        "  curl -H \"Authorization: Bearer $TOKEN\" http://127.0.0.1:8090/api/v1/providers\n"
+        "  curl -H \"Authorization: Bearer $TOKEN\" 'http://127.0.0.1:8090/api/v1/events?status=dead&limit=20'\n"
+        "  curl -H \"Authorization: Bearer $TOKEN\" -X POST -d '{\"filter\": {\"provider\": \"stripe\"}, "
+        "\"dry_run\": true}' \\\n"
+        "       http://127.0.0.1:8090/api/v1/dead-letters/replay    how many would be replayed\n"
+        "  hookline console --host 0.0.0.0 --auth kubernetes    in a cluster (the chart's console.enabled)\n",
+        environment=ENVIRONMENT
+        + "  HOOKLINE_CONSOLE_TOKEN  the shared token of --auth token (at least 16 characters; else one is made)\n")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 in a container)")
+    p.add_argument("--port", type=int, default=8090, help="port (default 8090)")
+    p.add_argument("--auth", choices=("token", "kubernetes"), default="token",
+                   help="who decides what a token may see: one shared token (default), or the Kubernetes API server")
+    p.add_argument("--statement-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="the longest any one read may take (default 5)")
+    _add_common(p)
 
 
 def configure_relay_parser(subparsers: Subparsers) -> None:
@@ -468,11 +507,13 @@ def configure_events_parser(subparsers: Subparsers) -> None:
                          help="only events in this state")
     listing.add_argument("--since", type=_timestamp, help="only events received at or after this time (ISO 8601)")
     listing.add_argument("--limit", type=_positive(int), default=50, help="at most this many (default 50)")
+    _add_api_flags(listing)
     _add_common(listing)
     show = _add_command(actions, "show", "one event: state, redacted headers, body preview, attempts")
     show.add_argument("provider", help="the provider's name")
     show.add_argument("event_id", help="the event id the provider gave it")
     _add_output_flag(show)
+    _add_api_flags(show)
     _add_common(show)
 
 
@@ -609,7 +650,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hookline {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for configure in (configure_dev_parser, configure_migrate_parser, configure_receiver_parser,
-                      configure_worker_parser, configure_dlq_parser, configure_relay_parser,
+                      configure_worker_parser, configure_dlq_parser, configure_relay_parser, configure_console_parser,
                       configure_endpoints_parser, configure_operator_parser, configure_providers_parser,
                       configure_secrets_parser,
                       configure_status_parser, configure_events_parser,
@@ -746,6 +787,7 @@ def _command(args: argparse.Namespace, argv: list[str]) -> int | None:
         "worker": commands.worker,
         "dlq": commands.dlq,
         "relay": commands.relay,
+        "console": commands.console,
         "endpoints": commands.endpoints_cmd,
         "status": commands.status,
         "events": commands.events,
