@@ -133,6 +133,24 @@ CREATE FUNCTION hookline.bounded_retention(spec jsonb, field text, unit interval
 
 
 --
+-- Name: console_install_wide(); Type: FUNCTION; Schema: hookline; Owner: -
+--
+
+CREATE FUNCTION hookline.console_install_wide() RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN (COALESCE(current_setting('hookline.console_install_wide'::text, true), ''::text) = 'on'::text);
+
+
+--
+-- Name: console_providers(); Type: FUNCTION; Schema: hookline; Owner: -
+--
+
+CREATE FUNCTION hookline.console_providers() RETURNS text[]
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN CASE COALESCE(current_setting('hookline.console_providers'::text, true), ''::text) WHEN '*'::text THEN NULL::text[] WHEN ''::text THEN '{}'::text[] ELSE ARRAY(SELECT jsonb_array_elements_text((current_setting('hookline.console_providers'::text, true))::jsonb) AS jsonb_array_elements_text) END;
+
+
+--
 -- Name: current_traceparent(); Type: FUNCTION; Schema: hookline; Owner: -
 --
 
@@ -883,7 +901,7 @@ CREATE TABLE hookline.attempts (
     error text,
     http_status integer,
     latency_ms double precision,
-    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['done'::text, 'retry'::text, 'dead'::text, 'expired'::text, 'parked'::text]))),
+    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['done'::text, 'retry'::text, 'dead'::text, 'expired'::text, 'parked'::text, 'replayed'::text]))),
     CONSTRAINT attempts_queue_check CHECK ((queue = ANY (ARRAY['inbox'::text, 'deliveries'::text])))
 )
 PARTITION BY RANGE (at);
@@ -906,7 +924,7 @@ CREATE TABLE hookline.attempts_default (
     error text,
     http_status integer,
     latency_ms double precision,
-    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['done'::text, 'retry'::text, 'dead'::text, 'expired'::text, 'parked'::text]))),
+    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['done'::text, 'retry'::text, 'dead'::text, 'expired'::text, 'parked'::text, 'replayed'::text]))),
     CONSTRAINT attempts_queue_check CHECK ((queue = ANY (ARRAY['inbox'::text, 'deliveries'::text])))
 );
 
@@ -1675,6 +1693,20 @@ CREATE INDEX inbox_claimable_idx ON ONLY hookline.inbox USING btree (provider, n
 
 
 --
+-- Name: inbox_console_dead_idx; Type: INDEX; Schema: hookline; Owner: -
+--
+
+CREATE INDEX inbox_console_dead_idx ON ONLY hookline.inbox USING btree (provider, received_at, id) WHERE (status = 'dead'::text);
+
+
+--
+-- Name: inbox_console_idx; Type: INDEX; Schema: hookline; Owner: -
+--
+
+CREATE INDEX inbox_console_idx ON ONLY hookline.inbox USING btree (provider, received_at, id);
+
+
+--
 -- Name: inbox_dead_idx; Type: INDEX; Schema: hookline; Owner: -
 --
 
@@ -1763,6 +1795,20 @@ CREATE INDEX inbox_retrying_idx ON ONLY hookline.inbox USING btree (provider, ne
 --
 
 CREATE INDEX inbox_default_provider_next_attempt_at_idx ON hookline.inbox_default USING btree (provider, next_attempt_at) WHERE ((status = 'pending'::text) AND (attempts > 0) AND (deferred_since IS NULL));
+
+
+--
+-- Name: inbox_default_provider_received_at_id_idx; Type: INDEX; Schema: hookline; Owner: -
+--
+
+CREATE INDEX inbox_default_provider_received_at_id_idx ON hookline.inbox_default USING btree (provider, received_at, id);
+
+
+--
+-- Name: inbox_default_provider_received_at_id_idx1; Type: INDEX; Schema: hookline; Owner: -
+--
+
+CREATE INDEX inbox_default_provider_received_at_id_idx1 ON hookline.inbox_default USING btree (provider, received_at, id) WHERE (status = 'dead'::text);
 
 
 --
@@ -1948,6 +1994,20 @@ ALTER INDEX hookline.inbox_retrying_idx ATTACH PARTITION hookline.inbox_default_
 
 
 --
+-- Name: inbox_default_provider_received_at_id_idx; Type: INDEX ATTACH; Schema: hookline; Owner: -
+--
+
+ALTER INDEX hookline.inbox_console_idx ATTACH PARTITION hookline.inbox_default_provider_received_at_id_idx;
+
+
+--
+-- Name: inbox_default_provider_received_at_id_idx1; Type: INDEX ATTACH; Schema: hookline; Owner: -
+--
+
+ALTER INDEX hookline.inbox_console_dead_idx ATTACH PARTITION hookline.inbox_default_provider_received_at_id_idx1;
+
+
+--
 -- Name: inbox_default_received_at_idx; Type: INDEX ATTACH; Schema: hookline; Owner: -
 --
 
@@ -2019,16 +2079,134 @@ ALTER TABLE hookline.deliveries
 
 
 --
+-- Name: attempts as_before; Type: POLICY; Schema: hookline; Owner: -
+--
+
+CREATE POLICY as_before ON hookline.attempts USING (true) WITH CHECK (true);
+
+
+--
+-- Name: deliveries as_before; Type: POLICY; Schema: hookline; Owner: -
+--
+
+CREATE POLICY as_before ON hookline.deliveries USING (true) WITH CHECK (true);
+
+
+--
+-- Name: endpoints as_before; Type: POLICY; Schema: hookline; Owner: -
+--
+
+CREATE POLICY as_before ON hookline.endpoints USING (true) WITH CHECK (true);
+
+
+--
+-- Name: handler_problems as_before; Type: POLICY; Schema: hookline; Owner: -
+--
+
+CREATE POLICY as_before ON hookline.handler_problems USING (true) WITH CHECK (true);
+
+
+--
+-- Name: outbox as_before; Type: POLICY; Schema: hookline; Owner: -
+--
+
+CREATE POLICY as_before ON hookline.outbox USING (true) WITH CHECK (true);
+
+
+--
+-- Name: attempts; Type: ROW SECURITY; Schema: hookline; Owner: -
+--
+
+ALTER TABLE hookline.attempts ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: attempts console_attempts; Type: POLICY; Schema: hookline; Owner: -
+--
+
+CREATE POLICY console_attempts ON hookline.attempts AS RESTRICTIVE FOR SELECT TO hookline_console USING (
+CASE
+    WHEN (queue = 'inbox'::text) THEN ((( SELECT hookline.console_providers() AS console_providers) IS NULL) OR (part = ANY (( SELECT hookline.console_providers() AS console_providers)::text[])))
+    ELSE ( SELECT hookline.console_install_wide() AS console_install_wide)
+END);
+
+
+--
+-- Name: deliveries console_deliveries; Type: POLICY; Schema: hookline; Owner: -
+--
+
+CREATE POLICY console_deliveries ON hookline.deliveries AS RESTRICTIVE FOR SELECT TO hookline_console USING (( SELECT hookline.console_install_wide() AS console_install_wide));
+
+
+--
+-- Name: endpoints console_endpoints; Type: POLICY; Schema: hookline; Owner: -
+--
+
+CREATE POLICY console_endpoints ON hookline.endpoints AS RESTRICTIVE FOR SELECT TO hookline_console USING (( SELECT hookline.console_install_wide() AS console_install_wide));
+
+
+--
+-- Name: inbox console_events; Type: POLICY; Schema: hookline; Owner: -
+--
+
+CREATE POLICY console_events ON hookline.inbox AS RESTRICTIVE FOR SELECT TO hookline_console USING (((( SELECT hookline.console_providers() AS console_providers) IS NULL) OR (provider = ANY (( SELECT hookline.console_providers() AS console_providers)::text[]))));
+
+
+--
+-- Name: handler_problems console_handler_problems; Type: POLICY; Schema: hookline; Owner: -
+--
+
+CREATE POLICY console_handler_problems ON hookline.handler_problems AS RESTRICTIVE FOR SELECT TO hookline_console USING (((( SELECT hookline.console_providers() AS console_providers) IS NULL) OR (provider = ANY (( SELECT hookline.console_providers() AS console_providers)::text[]))));
+
+
+--
+-- Name: outbox console_outbox; Type: POLICY; Schema: hookline; Owner: -
+--
+
+CREATE POLICY console_outbox ON hookline.outbox AS RESTRICTIVE FOR SELECT TO hookline_console USING (( SELECT hookline.console_install_wide() AS console_install_wide));
+
+
+--
+-- Name: providers console_providers; Type: POLICY; Schema: hookline; Owner: -
+--
+
+CREATE POLICY console_providers ON hookline.providers AS RESTRICTIVE FOR SELECT TO hookline_console USING (((( SELECT hookline.console_providers() AS console_providers) IS NULL) OR (name = ANY (( SELECT hookline.console_providers() AS console_providers)::text[]))));
+
+
+--
+-- Name: deliveries; Type: ROW SECURITY; Schema: hookline; Owner: -
+--
+
+ALTER TABLE hookline.deliveries ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: endpoints; Type: ROW SECURITY; Schema: hookline; Owner: -
+--
+
+ALTER TABLE hookline.endpoints ENABLE ROW LEVEL SECURITY;
+
+--
 -- Name: entity_states; Type: ROW SECURITY; Schema: hookline; Owner: -
 --
 
 ALTER TABLE hookline.entity_states ENABLE ROW LEVEL SECURITY;
 
 --
+-- Name: handler_problems; Type: ROW SECURITY; Schema: hookline; Owner: -
+--
+
+ALTER TABLE hookline.handler_problems ENABLE ROW LEVEL SECURITY;
+
+--
 -- Name: inbox; Type: ROW SECURITY; Schema: hookline; Owner: -
 --
 
 ALTER TABLE hookline.inbox ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: outbox; Type: ROW SECURITY; Schema: hookline; Owner: -
+--
+
+ALTER TABLE hookline.outbox ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: providers; Type: ROW SECURITY; Schema: hookline; Owner: -
@@ -2055,6 +2233,13 @@ CREATE POLICY tenant_events ON hookline.inbox USING (((( SELECT hookline.tenant_
 --
 
 CREATE POLICY tenant_providers ON hookline.providers USING (((( SELECT hookline.tenant_namespace() AS tenant_namespace) IS NULL) OR (owner_namespace = ( SELECT hookline.tenant_namespace() AS tenant_namespace))));
+
+
+--
+-- Name: SCHEMA hookline; Type: ACL; Schema: -; Owner: -
+--
+
+GRANT USAGE ON SCHEMA hookline TO hookline_console;
 
 
 --
@@ -2104,6 +2289,22 @@ REVOKE ALL ON FUNCTION hookline.retention(spec jsonb, field text, unit interval,
 --
 
 REVOKE ALL ON FUNCTION hookline.bounded_retention(spec jsonb, field text, unit interval, fallback interval, maximum interval) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION console_install_wide(); Type: ACL; Schema: hookline; Owner: -
+--
+
+REVOKE ALL ON FUNCTION hookline.console_install_wide() FROM PUBLIC;
+GRANT ALL ON FUNCTION hookline.console_install_wide() TO hookline_console;
+
+
+--
+-- Name: FUNCTION console_providers(); Type: ACL; Schema: hookline; Owner: -
+--
+
+REVOKE ALL ON FUNCTION hookline.console_providers() FROM PUBLIC;
+GRANT ALL ON FUNCTION hookline.console_providers() TO hookline_console;
 
 
 --
@@ -2293,6 +2494,251 @@ REVOKE ALL ON FUNCTION hookline.report_handler_problem(provider_name text, handl
 --
 
 REVOKE ALL ON FUNCTION hookline.set_outbox_partition_width(width interval, premake integer) FROM PUBLIC;
+
+
+--
+-- Name: TABLE attempts; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT ON TABLE hookline.attempts TO hookline_console;
+
+
+--
+-- Name: TABLE deliveries; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT ON TABLE hookline.deliveries TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.name; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(name) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.url; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(url) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.event_types; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(event_types) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.ordered; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(ordered) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.max_attempts; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(max_attempts) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.initial_delay_seconds; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(initial_delay_seconds) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.max_delay_seconds; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(max_delay_seconds) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.timeout_seconds; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(timeout_seconds) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.enabled; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(enabled) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.disabled_at; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(disabled_at) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.disabled_reason; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(disabled_reason) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.consecutive_failures; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(consecutive_failures) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.circuit_open_until; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(circuit_open_until) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.created_at; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(created_at) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.circuit_state; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(circuit_state) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.circuit_changed_at; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(circuit_changed_at) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.window_started_at; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(window_started_at) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.window_successes; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(window_successes) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.window_failures; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(window_failures) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.previous_successes; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(previous_successes) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.previous_failures; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(previous_failures) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.probe_successes; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(probe_successes) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: COLUMN endpoints.probe_failures; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(probe_failures) ON TABLE hookline.endpoints TO hookline_console;
+
+
+--
+-- Name: TABLE handler_problems; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT ON TABLE hookline.handler_problems TO hookline_console;
+
+
+--
+-- Name: TABLE inbox; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT ON TABLE hookline.inbox TO hookline_console;
+
+
+--
+-- Name: TABLE outbox; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT ON TABLE hookline.outbox TO hookline_console;
+
+
+--
+-- Name: COLUMN providers.name; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(name) ON TABLE hookline.providers TO hookline_console;
+
+
+--
+-- Name: COLUMN providers.spec; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(spec) ON TABLE hookline.providers TO hookline_console;
+
+
+--
+-- Name: COLUMN providers.updated_at; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(updated_at) ON TABLE hookline.providers TO hookline_console;
+
+
+--
+-- Name: COLUMN providers.managed_by; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(managed_by) ON TABLE hookline.providers TO hookline_console;
+
+
+--
+-- Name: COLUMN providers.owner_namespace; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(owner_namespace) ON TABLE hookline.providers TO hookline_console;
+
+
+--
+-- Name: COLUMN providers.owner_name; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(owner_name) ON TABLE hookline.providers TO hookline_console;
+
+
+--
+-- Name: COLUMN providers.owner_uid; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(owner_uid) ON TABLE hookline.providers TO hookline_console;
 
 
 --
