@@ -285,6 +285,36 @@ def configure_dlq_parser(subparsers: Subparsers) -> None:
         _add_common(action)
 
 
+def configure_console_parser(subparsers: Subparsers) -> None:
+    p = _add_command(
+        subparsers, "console", "a team's window on its events: JSON API and web console",
+        description="Serve the console: the JSON API under /api/v1 (OpenAPI at /api/openapi.json, errors as "
+        "application/problem+json) and the web pages, for providers, events, attempts, dead letters (and their "
+        "replay), endpoints and deliveries. Every request needs a bearer token (or the pages' session). With "
+        "--auth token one token may do everything: HOOKLINE_CONSOLE_TOKEN, or one made at start and printed "
+        "once to stderr. With --auth kubernetes the token is a ServiceAccount or OIDC token the Kubernetes API "
+        "server accepts (TokenReview): whoever may get a WebhookProvider reads its events, whoever may patch it "
+        "replays them. Reads run as the Postgres role hookline_console, limited by row-level security to what "
+        "the request may see.",
+        examples="  hookline console                                  http://127.0.0.1:8090, token printed\n"
+        "  curl -H \"Authorization: Bearer $TOKEN\" http://127.0.0.1:8090/api/v1/providers\n"
+        "  curl -H \"Authorization: Bearer $TOKEN\" 'http://127.0.0.1:8090/api/v1/events?status=dead&limit=20'\n"
+        "  curl -H \"Authorization: Bearer $TOKEN\" -X POST -d '{\"filter\": {\"provider\": \"stripe\"}, "
+        "\"dry_run\": true}' \\\n"
+        "       http://127.0.0.1:8090/api/v1/dead-letters/replay    how many would be replayed\n"
+        "  hookline console --host 0.0.0.0 --auth kubernetes    in a cluster (the chart's console.enabled)\n",
+        environment=ENVIRONMENT
+        + "  HOOKLINE_CONSOLE_TOKEN  the shared token of --auth token (at least 16 characters; else one is made)\n")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 in a container)")
+    p.add_argument("--port", type=int, default=8090, help="port (default 8090)")
+    p.add_argument("--auth", choices=("token", "kubernetes"), default="token",
+                   help="who decides what a token may see: one shared token (default), or the Kubernetes API server")
+    p.add_argument("--statement-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="the longest any one read may take (default 5)")
+    _add_common(p)
+
+
 def configure_relay_parser(subparsers: Subparsers) -> None:
     p = _add_command(
         subparsers, "relay", "deliver outbox events to endpoints",
@@ -608,7 +638,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hookline {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for configure in (configure_dev_parser, configure_migrate_parser, configure_receiver_parser,
-                      configure_worker_parser, configure_dlq_parser, configure_relay_parser,
+                      configure_worker_parser, configure_dlq_parser, configure_relay_parser, configure_console_parser,
                       configure_endpoints_parser, configure_operator_parser, configure_providers_parser,
                       configure_secrets_parser,
                       configure_status_parser, configure_events_parser,
@@ -745,6 +775,7 @@ def _command(args: argparse.Namespace, argv: list[str]) -> int | None:
         "worker": commands.worker,
         "dlq": commands.dlq,
         "relay": commands.relay,
+        "console": commands.console,
         "endpoints": commands.endpoints_cmd,
         "status": commands.status,
         "events": commands.events,

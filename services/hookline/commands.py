@@ -156,6 +156,15 @@ async def relay(args: argparse.Namespace) -> int:
     return await Host(settings, [Relay]).run()
 
 
+async def console(args: argparse.Namespace) -> int:
+    from hookline.console.service import Console, announce_token
+    from hookline.core.host import Host
+    from hookline.core.settings import Settings
+
+    settings = Settings.for_command(args)
+    return await Host(settings, [Console]).run(lambda host: announce_token(host.component(Console)))
+
+
 async def endpoints_cmd(args: argparse.Namespace) -> int:
     from hookline.core.status import endpoint_state
     from hookline.relay import endpoints

@@ -99,6 +99,12 @@ def relay(database_url: str, log_dir: Path, *extra: str, env: dict[str, str] | N
                           database_url, log_dir, port=port, env=env).start("/readyz")
 
 
+def console(database_url: str, log_dir: Path, *extra: str, env: dict[str, str] | None = None) -> ServiceProcess:
+    port = free_port()
+    return ServiceProcess(["console", "--host", "127.0.0.1", "--port", str(port), *extra],
+                          database_url, log_dir, port=port, env=env).start("/readyz")
+
+
 def hookline_cli(database_url: str, *args: str, stdin: str | None = None,
                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run a one-shot ``hookline`` command and return its result (never raises on failure); ``env``:

@@ -223,3 +223,14 @@ database_durability_warning = Gauge(
     "hookline_database_durability_warning",
     "1 while the database's settings let a failover or crash lose acknowledged events, by reason "
     "(docs/postgres.md); 0 otherwise.", ["reason"])
+
+console_requests = Counter(
+    "hookline_console_requests_total",
+    "Requests the console answered, by route (its pattern, not the path) and status",
+    ["route", "status"],
+)
+console_latency = Histogram(
+    "hookline_console_request_duration_seconds",
+    "How long the console took to answer, by route (its pattern)",
+    ["route"],
+)

@@ -369,6 +369,23 @@ class RelaySettings:
     stats_interval: float = 5.0
 
 
+CONSOLE_TOKEN = "HOOKLINE_CONSOLE_TOKEN"
+CONSOLE_AUTH_MODES = ("token", "kubernetes")
+
+
+@dataclass(frozen=True)
+class ConsoleSettings:
+    """``hookline console``: where it listens, who decides access (``token``: one shared token,
+    HOOKLINE_CONSOLE_TOKEN or generated at start; ``kubernetes``: TokenReview and
+    SubjectAccessReview), and the statement timeout of every read (seconds)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8090
+    auth: str = "token"
+    token: str | None = field(default=None, repr=False)  # never in a log line
+    statement_timeout: float = 5.0
+
+
 @dataclass(frozen=True)
 class Settings:
     """One process's settings. ``database_url`` is where the pool connects, with the password in
@@ -381,6 +398,7 @@ class Settings:
     receiver: ReceiverSettings = field(default_factory=ReceiverSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     relay: RelaySettings = field(default_factory=RelaySettings)
+    console: ConsoleSettings = field(default_factory=ConsoleSettings)
     retention: Retention = field(default_factory=lambda: _retention())
     ops: OpsAddress | None = None
     database_password_file: Path | None = None
@@ -422,6 +440,8 @@ class Settings:
             relay, retention = _relay(args, environ, retention_from_env(environ))
             return dataclasses.replace(database, relay=relay, retention=retention,
                                        ops=OpsAddress(args.host, args.port))
+        if args.command == "console":
+            return dataclasses.replace(database, console=console_settings(args, environ))
         raise ValueError(f"no service settings for `hookline {args.command}`")
 
 
@@ -490,6 +510,20 @@ def _relay(args: argparse.Namespace, environ: Environ, retention: Retention) -> 
     return RelaySettings(concurrency=args.concurrency, allow_private_networks=allow_private,
                          poll_interval=args.poll_interval, lease_seconds=args.lease_seconds,
                          grace_period=args.grace_period, breaker=breaker), retention
+
+
+def console_settings(args: argparse.Namespace, environ: Environ) -> ConsoleSettings:
+    if args.auth not in CONSOLE_AUTH_MODES:
+        raise ConfigError(f"--auth must be one of {', '.join(CONSOLE_AUTH_MODES)}, not {args.auth!r}")
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port must be from 1 to 65535, not {args.port}")
+    if not args.statement_timeout > 0:
+        raise ConfigError("--statement-timeout must be greater than 0")
+    token = environ.get(CONSOLE_TOKEN, "").strip() or None
+    if token is not None and len(token) < 16:
+        raise ConfigError(f"{CONSOLE_TOKEN} is too short to guard anything: give at least 16 characters")
+    return ConsoleSettings(host=args.host, port=args.port, auth=args.auth, token=token,
+                           statement_timeout=args.statement_timeout)
 
 
 def log_settings(args: argparse.Namespace, terminal: bool) -> LogSettings:

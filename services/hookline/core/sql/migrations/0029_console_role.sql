@@ -25,8 +25,18 @@ BEGIN
                              'GRANT hookline_console TO ' || quote_ident(current_user) || '; then migrate again';
         END;
     END IF;
+    -- The owner runs the console and switches to the role. Another database of the server may have
+    -- made it, as another owner: then only a role with its ADMIN option can grant it here, and
+    -- `hookline console` says so when it starts (the rest of Hookline does not need it).
     IF NOT pg_catalog.pg_has_role(current_user, 'hookline_console', 'MEMBER') THEN
-        EXECUTE format('GRANT hookline_console TO %I', current_user);
+        BEGIN
+            EXECUTE format('GRANT hookline_console TO %I', current_user);
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE WARNING 'role % may not switch to hookline_console, so `hookline console` cannot run as it',
+                current_user
+                USING HINT = 'as a superuser (or a role with ADMIN on it): GRANT hookline_console TO '
+                             || quote_ident(current_user);
+        END;
     END IF;
 END $$;
 

@@ -1,0 +1,101 @@
+"""``hookline console`` as a component of a Host (core/host.py): the console's web application on
+its own port, reading through the Host's pool. Part of ``hookline dev`` too.
+
+``--auth token`` (the default): one token guards everything, HOOKLINE_CONSOLE_TOKEN or one made at
+start and printed once to stderr (never logged). ``--auth kubernetes``: console/kube.py's
+KubernetesAuthorizer asks the API server who the token is and what it may see."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+import asyncpg
+from aiohttp import web
+
+from hookline.console.access import Authorizer, TokenAuthorizer
+from hookline.console.app import create_app
+from hookline.console.store import Store
+from hookline.core import http
+from hookline.core.config import ConfigError
+from hookline.core.host import Connections, Wiring
+from hookline.core.maintenance import Job
+from hookline.core.settings import ConsoleSettings, Settings
+
+log = logging.getLogger(__name__)
+
+POOL_CONNECTIONS = 6  # reads are short and bounded by the statement timeout
+
+
+class ConsoleUnavailable(ConfigError):
+    """The console cannot run as configured (the message says what to do)."""
+
+
+def authorizer_for(settings: ConsoleSettings) -> Authorizer:
+    if settings.auth == "token":
+        return TokenAuthorizer(settings.token)
+    try:
+        kube = importlib.import_module("hookline.console.kube")
+    except ModuleNotFoundError as exc:
+        raise ConsoleUnavailable(f"--auth kubernetes needs hookline.console.kube ({exc.name} is missing): "
+                                 "pip install 'hookline[operator]', or use --auth token") from None
+    authorizer: Authorizer = kube.KubernetesAuthorizer()
+    return authorizer
+
+
+class Console:
+    """The console component: ``start`` serves it, ``stop`` stops serving."""
+
+    def __init__(self, pool: asyncpg.Pool, settings: ConsoleSettings, authorizer: Authorizer | None = None) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.authorizer = authorizer or authorizer_for(settings)
+        self.store = Store(pool, statement_timeout=settings.statement_timeout)
+        self.app = create_app(self.store, self.authorizer, pool)
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        host = self.settings.host if ":" not in self.settings.host else f"[{self.settings.host}]"
+        return f"http://{host}:{self.settings.port}"
+
+    @property
+    def token(self) -> str | None:
+        """The shared token (--auth token), for the banner; None with Kubernetes."""
+        return self.authorizer.token if isinstance(self.authorizer, TokenAuthorizer) else None
+
+    @classmethod
+    def connections(cls, settings: Settings) -> Connections:
+        return Connections(POOL_CONNECTIONS, min_pool=1)
+
+    @classmethod
+    def create(cls, wiring: Wiring) -> Console:
+        return cls(wiring.pool, wiring.settings.console)
+
+    def jobs(self) -> Sequence[tuple[str, Job]]:
+        return []
+
+    async def start(self) -> None:
+        member = await self.pool.fetchval("SELECT pg_has_role(current_user, 'hookline_console', 'MEMBER') "
+                                          "FROM pg_roles WHERE rolname = 'hookline_console'")
+        if not member:
+            raise ConsoleUnavailable(
+                "the console reads as the role hookline_console, which this database user may not switch to "
+                "(run `hookline migrate`; if it warned, as a superuser: GRANT hookline_console TO <this user>)")
+        self._runner = await http.serve(self.app, self.settings.host, self.settings.port)
+        log.info("console started", extra={"url": self.url, "auth": self.settings.auth})
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+def announce_token(console: Console, stream: TextIO | None = None) -> None:
+    """Print the generated (or given) token once, to stderr, not through the log."""
+    token = console.token
+    shown = f"  token: {token}" if token is not None and console.settings.token is None else ""
+    print(f"hookline console: {console.url}{shown}", file=stream or sys.stderr, flush=True)
