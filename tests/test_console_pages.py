@@ -19,7 +19,8 @@ import pytest
 from aiohttp import web
 
 from hookline.console.access import TokenAuthorizer
-from hookline.console.pages import CSP, MAX_BODY_CHARS, SESSION_COOKIE, add_pages, csrf_token
+from hookline.console.app import create_app
+from hookline.console.pages import CSP, MAX_BODY_CHARS, SESSION_COOKIE, csrf_token
 from hookline.console.store import Store
 from hookline.core.embedded import free_port
 from support.inbox import apply_provider
@@ -48,7 +49,8 @@ async def store_event(pool: asyncpg.Pool, event_id: str, body: bytes, *, event_t
 
 @pytest.fixture
 async def console(database_url: str, pool: asyncpg.Pool) -> AsyncIterator[str]:
-    """The pages on a real HTTP server over the real store, with one hostile provider's events."""
+    """The console's app (API, pages, its middleware) on a real HTTP server over the real store, with
+    one hostile provider's events."""
     apply_provider(database_url, "hostile", 'signature: {scheme: none}\nhandler: "support.handlers:always_fail"')
     await store_event(pool, f"evt_{SCRIPT}", json.dumps({"note": SCRIPT}).encode(), event_type=SCRIPT,
                       headers={"x-note": SCRIPT, "webhook-signature": f"v1,{SECRET}", "x-innocent": SECRET})
@@ -58,9 +60,7 @@ async def console(database_url: str, pool: asyncpg.Pool) -> AsyncIterator[str]:
     await store_event(pool, "evt_deep", DEEP.encode())
     await store_event(pool, "evt_somewhat_deep", SOMEWHAT_DEEP.encode())
     await store_event(pool, "evt_dead", b'{"data": {}}', status="dead")
-    app = web.Application()
-    add_pages(app, Store(pool), TokenAuthorizer(TOKEN))
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(create_app(Store(pool), TokenAuthorizer(TOKEN)))
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -193,6 +193,24 @@ async def test_replay_needs_the_csrf_token_and_a_confirmation(console: str, pool
         assert await status() == "pending"
         _, done = await page(console, location)
         assert "1 dead letter replayed" in done
+
+
+async def test_an_api_change_with_the_cookie_needs_the_csrf_header(console: str, pool: asyncpg.Pool) -> None:
+    replay = {"provider": "hostile", "ids": ["evt_dead"]}
+    async with session() as http:
+        async with http.post(console + "/api/v1/dead-letters/replay", json=replay) as response:
+            assert response.status == 403
+            assert response.content_type == "application/problem+json"
+        async with http.post(console + "/api/v1/dead-letters/replay", json=replay,
+                             headers={"X-Hookline-CSRF": TOKEN}) as response:
+            assert response.status == 403  # the session's own token is not its CSRF token
+        assert await pool.fetchval("SELECT status FROM hookline.inbox WHERE event_id = 'evt_dead'") == "dead"
+        _, html = await page(console, "/dead-letters")
+        match = re.search(r'name="csrf" value="([0-9a-f]{64})"', html)
+        assert match is not None
+        async with http.post(console + "/api/v1/dead-letters/replay", json={**replay, "dry_run": True},
+                             headers={"X-Hookline-CSRF": match.group(1)}) as response:
+            assert response.status == 200, await response.text()
 
 
 async def test_replay_of_a_provider_one_may_not_read_is_refused(console: str, pool: asyncpg.Pool) -> None:

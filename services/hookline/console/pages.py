@@ -25,6 +25,7 @@ import jinja2
 from aiohttp import web
 
 from hookline.console.access import Access, Authorizer
+from hookline.console.api import ACCESS_KEY
 from hookline.console.store import BadRequest, EventFilter, Forbidden, NotFound, Store
 from hookline.core.history import redact_headers
 
@@ -41,6 +42,12 @@ MAX_STRING_CHARS = 2_000
 MAX_BODY_CHARS = 100_000
 EVENT_FILTERS = ("provider", "status", "type", "entity", "received_after", "received_before", "q")
 DELIVERY_FILTERS = ("endpoint", "status", "type", "q")
+
+PAGE_GETS = frozenset({"providers", "events", "event", "dead_letters", "endpoints", "deliveries"})
+FORM_POSTS = frozenset({"replay_dead_letters"})  # POST routes that check the form's CSRF token themselves
+PUBLIC_PREFIXES = ["/login", "/logout", "/static/"]  # the app's middleware lets these through unauthenticated
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATIC = Path(__file__).with_name("static")
@@ -129,6 +136,17 @@ def _session_token(request: web.Request) -> tuple[str | None, bool]:
     return request.cookies.get(SESSION_COOKIE) or None, True
 
 
+def header_csrf_check(request: web.Request, token: str) -> bool:
+    """The app's check of a cookie-authenticated change, before any handler runs (app.py's
+    ``CSRF_CHECK_KEY``): the session's CSRF token in the header ``X-Hookline-CSRF``. The pages' own
+    POST routes carry it in a form field, which only their handler can read: each checks it first
+    (``csrf_check``)."""
+    if request.match_info.route.name in FORM_POSTS:
+        return True
+    sent = request.headers.get(CSRF_HEADER, "")
+    return hmac.compare_digest(sent.encode(), csrf_token(request.app[CSRF_SECRET_KEY], token).encode())
+
+
 async def csrf_check(request: web.Request) -> bool:
     """Whether a cookie-authenticated POST carries its session's CSRF token (header or form field)."""
     token, from_cookie = _session_token(request)
@@ -146,12 +164,23 @@ async def csrf_check(request: web.Request) -> bool:
 
 
 async def _access(request: web.Request) -> tuple[Access, str]:
-    """The request's Access and its session token; without a valid one, off to the login page."""
+    """The request's Access (the app's middleware authorised it) and its session token."""
     token, _ = _session_token(request)
-    access = await request.app[AUTHORIZER_KEY].authorize(token) if token else None
+    access = request.get(ACCESS_KEY)
     if access is None or token is None:
         raise web.HTTPSeeOther("/login?" + urlencode({"next": request.path_qs}))
     return access, token
+
+
+@web.middleware
+async def login_redirect(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A page asked for without a (valid) session goes to the login form; the API keeps its 401."""
+    response = await handler(request)
+    if (response.status == 401 and request.method == "GET" and request.match_info.route.name in PAGE_GETS):
+        redirect = web.Response(status=303, headers={"Location": "/login?" + urlencode({"next": request.path_qs})})
+        secure(redirect)
+        return redirect
+    return response
 
 
 def _same_origin(request: web.Request) -> bool:
@@ -170,8 +199,6 @@ def _safe_next(target: str | None) -> str:
 
 
 # --- pages --------------------------------------------------------------------------------------
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def page(handler: Handler) -> Handler:
@@ -354,7 +381,13 @@ async def logout(request: web.Request) -> web.StreamResponse:
 
 
 def add_pages(app: web.Application, store: Store, authorizer: Authorizer) -> None:
-    """The page routes, their templates and /static/ on the console app."""
+    """The page routes, their templates and /static/ on the console app (``app.create_app``), whose
+    middleware authenticates every page but the login form's and checks CSRF with ours."""
+    from hookline.console import app as console_app  # here: app.py imports this module
+
+    app[console_app.PUBLIC_PREFIXES_KEY].extend(PUBLIC_PREFIXES)
+    app[console_app.CSRF_CHECK_KEY] = header_csrf_check
+    app.middlewares.insert(0, login_redirect)
     app[STORE_KEY] = store
     app[AUTHORIZER_KEY] = authorizer
     app[CSRF_SECRET_KEY] = secrets.token_bytes(32)  # per process: a restart expires open forms
