@@ -15,11 +15,7 @@ from pathlib import Path
 import aiohttp
 import asyncpg
 import pytest
-from aiohttp import web
 
-from hookline.console.access import TokenAuthorizer
-from hookline.console.pages import add_pages
-from hookline.console.store import Store
 from hookline.core.embedded import free_port
 from support.browser import chromium
 from support.inbox import apply_provider
@@ -48,22 +44,20 @@ EVENTS = [  # (event id, type, order); every one but evt_broken has its fix depl
 
 @pytest.fixture
 async def stack(database_url: str, pool: asyncpg.Pool, log_dir: Path) -> AsyncIterator[tuple[str, ServiceProcess]]:
-    """Receiver and worker processes, and the console's pages on a real HTTP server."""
+    """Receiver, worker and ``hookline console`` processes (the console's URL first)."""
     await pool.execute("CREATE TABLE test_fixes (event_id text PRIMARY KEY)")
     await pool.executemany("INSERT INTO test_fixes VALUES ($1)", [(e,) for e, _, _ in EVENTS if e != "evt_broken"])
     apply_provider(database_url, "shop", PROVIDER)
     receiving = receiver(database_url, log_dir)
     working = worker(database_url, log_dir, "--provider", "shop")
-    app = web.Application()
-    add_pages(app, Store(pool), TokenAuthorizer(TOKEN))
-    runner = web.AppRunner(app)
-    await runner.setup()
     port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    console = ServiceProcess(["console", "--port", str(port)], database_url, log_dir, port=port,
+                             env={"HOOKLINE_CONSOLE_TOKEN": TOKEN}).start("/readyz")
     try:
-        yield f"http://127.0.0.1:{port}", receiving
+        yield console.url, receiving
     finally:
-        await runner.cleanup()
+        console.stop()
+        assert TOKEN not in console.logs()  # given, so never printed nor logged
         working.stop()
         receiving.stop()
 
