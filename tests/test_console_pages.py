@@ -24,6 +24,7 @@ from hookline.console.pages import CSP, MAX_BODY_CHARS, SESSION_COOKIE, csrf_tok
 from hookline.console.store import Store
 from hookline.core.embedded import free_port
 from support.inbox import apply_provider
+from support.processes import hookline_cli
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -221,3 +222,34 @@ async def test_replay_of_a_provider_one_may_not_read_is_refused(console: str, po
             "provider": "nosuch", "id": "evt_dead", "csrf": match.group(1)}) as response:
         assert response.status == 404
     assert await pool.fetchval("SELECT status FROM hookline.inbox WHERE event_id = 'evt_dead'") == "dead"
+
+
+async def test_a_test_event_and_a_delivery_replay_need_the_csrf_token(console: str, pool: asyncpg.Pool,
+                                                                      database_url: str) -> None:
+    added = hookline_cli(database_url, "endpoints", "add", "partner", "--url", "http://127.0.0.1:9/hooks")
+    assert added.returncode == 0, added.stderr
+
+    async def test_events() -> int:
+        return int(await pool.fetchval("SELECT count(*) FROM hookline.outbox WHERE event_type = 'hookline.test'"))
+
+    _, endpoints = await page(console, "/endpoints")
+    no_script_from_data(endpoints)
+    match = re.search(r'name="csrf" value="([0-9a-f]{64})"', endpoints)
+    assert match is not None and 'action="/endpoints/partner/test"' in endpoints
+    async with session() as http:
+        async with http.post(console + "/endpoints/partner/test", data={}, allow_redirects=False) as response:
+            assert response.status == 403
+        assert await test_events() == 0
+        async with http.post(console + "/endpoints/partner/test", data={"csrf": match.group(1)},
+                             allow_redirects=False) as response:
+            assert response.status == 303
+            assert response.headers["Location"] == "/deliveries?endpoint=partner&sent=1"
+        assert await test_events() == 1
+
+        async with http.post(console + "/deliveries/replay", data={"endpoint": "partner"},
+                             allow_redirects=False) as response:
+            assert response.status == 403
+        async with http.post(console + "/deliveries/replay", data={"endpoint": "partner", "csrf": match.group(1)},
+                             allow_redirects=False) as response:
+            assert response.status == 200
+            assert "Replay 0 dead deliveries?" in await response.text()

@@ -44,7 +44,8 @@ EVENT_FILTERS = ("provider", "status", "type", "entity", "received_after", "rece
 DELIVERY_FILTERS = ("endpoint", "status", "type", "q")
 
 PAGE_GETS = frozenset({"providers", "events", "event", "dead_letters", "endpoints", "deliveries"})
-FORM_POSTS = frozenset({"replay_dead_letters"})  # POST routes that check the form's CSRF token themselves
+# POST routes that check the form's CSRF token themselves (the app's middleware cannot read a form).
+FORM_POSTS = frozenset({"replay_dead_letters", "replay_deliveries", "send_test_event"})
 PUBLIC_PREFIXES = ["/login", "/logout", "/static/"]  # the app's middleware lets these through unauthenticated
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -243,7 +244,7 @@ def _filters(request: web.Request, names: tuple[str, ...]) -> dict[str, str]:
 def _next_link(request: web.Request, cursor: str | None) -> str | None:
     if cursor is None:
         return None
-    query = {name: value for name, value in request.query.items() if name not in ("cursor", "replayed")}
+    query = {name: value for name, value in request.query.items() if name not in ("cursor", "replayed", "sent")}
     return f"{request.path}?{urlencode({**query, 'cursor': cursor})}"
 
 
@@ -298,9 +299,7 @@ async def event_page(request: web.Request) -> web.StreamResponse:
 @page
 async def replay_dead_letters(request: web.Request) -> web.StreamResponse:
     """POST: without ``confirm`` shows how many would be replayed (the store's dry run); with it, replays."""
-    access, token = await _access(request)
-    if not await csrf_check(request):
-        raise PageError(403, "This form has expired or did not come from this console: reload the page and try again.")
+    access, token = await _checked_form(request)
     form = await request.post()
     provider = str(form.get("provider") or "").strip()
     if not provider:
@@ -324,13 +323,54 @@ async def replay_dead_letters(request: web.Request) -> web.StreamResponse:
     raise web.HTTPSeeOther("/dead-letters?" + urlencode({"provider": provider, "replayed": done["count"]}))
 
 
+def _may_change_outbox(access: Access) -> bool:
+    """Replaying deliveries and sending test events need install-wide rights (as the store checks)."""
+    return access.install_wide and access.replay is None
+
+
+async def _checked_form(request: web.Request) -> tuple[Access, str]:
+    """A page's POST: its Access and token once the form's CSRF token matched (else 403, nothing done)."""
+    access, token = await _access(request)
+    if not await csrf_check(request):
+        raise PageError(403, "This form has expired or did not come from this console: reload the page and try again.")
+    return access, token
+
+
 @page
 async def endpoints_page(request: web.Request) -> web.StreamResponse:
     access, token = await _access(request)
     endpoints = await request.app[STORE_KEY].endpoints(access)
     return _render(request, "endpoints.html", {
         "subject": access.subject, "endpoints": endpoints, "install_wide": access.install_wide,
+        "may_change": _may_change_outbox(access),
     }, token=token)
+
+
+@page
+async def send_test_event(request: web.Request) -> web.StreamResponse:
+    """POST: a ``hookline.test`` event through the outbox to this endpoint only."""
+    access, _ = await _checked_form(request)
+    endpoint = request.match_info["name"]
+    await request.app[STORE_KEY].send_test_event(access, endpoint)
+    raise web.HTTPSeeOther("/deliveries?" + urlencode({"endpoint": endpoint, "sent": 1}))
+
+
+@page
+async def replay_deliveries(request: web.Request) -> web.StreamResponse:
+    """POST: the dead deliveries of one endpoint; without ``confirm`` shows how many first."""
+    access, token = await _checked_form(request)
+    form = await request.post()
+    endpoint = str(form.get("endpoint") or "").strip()
+    if not endpoint:
+        raise PageError(400, "Choose the endpoint whose dead deliveries to replay.")
+    store = request.app[STORE_KEY]
+    if form.get("confirm") != "yes":
+        would = await store.replay_deliveries(access, endpoint=endpoint, dry_run=True)
+        return _render(request, "confirm_deliveries.html", {
+            "subject": access.subject, "count": would["count"], "more": would.get("more"), "endpoint": endpoint,
+        }, token=token)
+    done = await store.replay_deliveries(access, endpoint=endpoint, dry_run=False)
+    raise web.HTTPSeeOther("/deliveries?" + urlencode({"endpoint": endpoint, "replayed": done["count"]}))
 
 
 @page
@@ -339,9 +379,12 @@ async def deliveries_page(request: web.Request) -> web.StreamResponse:
     filters = _filters(request, DELIVERY_FILTERS)
     deliveries, next_cursor = await request.app[STORE_KEY].deliveries(
         access, filters, PAGE_SIZE, request.query.get("cursor") or None)
+    replayed = request.query.get("replayed", "")
     return _render(request, "deliveries.html", {
         "subject": access.subject, "deliveries": deliveries, "filters": filters,
         "next": _next_link(request, next_cursor), "install_wide": access.install_wide,
+        "may_change": _may_change_outbox(access), "sent": request.query.get("sent") == "1",
+        "replayed": int(replayed) if replayed.isdigit() else None,
     }, token=token)
 
 
@@ -399,7 +442,9 @@ def add_pages(app: web.Application, store: Store, authorizer: Authorizer) -> Non
     app.router.add_get("/dead-letters", dead_letters_page, name="dead_letters")
     app.router.add_post("/dead-letters/replay", replay_dead_letters, name="replay_dead_letters")
     app.router.add_get("/endpoints", endpoints_page, name="endpoints")
+    app.router.add_post("/endpoints/{name}/test", send_test_event, name="send_test_event")
     app.router.add_get("/deliveries", deliveries_page, name="deliveries")
+    app.router.add_post("/deliveries/replay", replay_deliveries, name="replay_deliveries")
     app.router.add_get("/login", login_page, name="login")
     app.router.add_post("/login", login, name="login_post")
     app.router.add_post("/logout", logout, name="logout")
