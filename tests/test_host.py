@@ -4,11 +4,13 @@ scope with its components' jobs, and every dedicated connection opened from the 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
 import asyncpg
@@ -119,6 +121,13 @@ def test_hookline_dev_runs_the_whole_stack_and_stops_on_ctrl_c(tmp_path: Path) -
                 break
         banner = "".join(lines)
         assert f"receiver:  http://127.0.0.1:{port}/webhooks/<provider>" in banner, banner
+        # The console is part of it, on its port, guarded by the token the banner shows.
+        console_line = next(line for line in lines if line.strip().startswith("console:"))
+        console_url, token = console_line.split()[1].rstrip("/"), console_line.split()[-1].rstrip(")")
+        request = urllib.request.Request(console_url + "/api/v1/providers",
+                                         headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=10) as r:
+            assert r.status == 200 and json.loads(r.read())["items"], console_line
         curl = next(line.strip() for line in lines if line.strip().startswith("curl "))
         answer = subprocess.run(curl, shell=True, capture_output=True, text=True, timeout=30, check=True)
         assert '"status": "accepted"' in answer.stdout or '"status":"accepted"' in answer.stdout, answer.stdout

@@ -187,6 +187,8 @@ def configure_dev_parser(subparsers: Subparsers) -> None:
         "  (HOOKLINE_DATABASE_URL is not read: the database is the embedded one. Needs hookline[dev].)\n")
     p.add_argument("--port", type=int, default=8080, help="receiver port (default 8080)")
     p.add_argument("--host", default="127.0.0.1", help="receiver address (default 127.0.0.1)")
+    p.add_argument("--console-port", type=int, default=8090,
+                   help="the console's port (default 8090; on --host); 0: no console")
     p.add_argument("--providers", type=Path, help="providers YAML file (default: a built-in example)")
     p.add_argument("--data-dir", type=Path, default=Path(".hookline"), help="where Postgres keeps its data")
     _add_import_path_flag(p, working_directory=True)
@@ -258,6 +260,12 @@ def configure_worker_parser(subparsers: Subparsers) -> None:
     _add_consumer_flags(p, "events", port=8081)
 
 
+def _add_api_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api", metavar="URL", help="through a console's API (e.g. http://127.0.0.1:8090) instead of "
+                   "the database; the token from --token or HOOKLINE_CONSOLE_TOKEN")
+    p.add_argument("--token", help="the console token of --api (better: HOOKLINE_CONSOLE_TOKEN, kept out of ps)")
+
+
 def configure_dlq_parser(subparsers: Subparsers) -> None:
     p = _add_command(
         subparsers, "dlq", "inspect and requeue dead events",
@@ -282,6 +290,7 @@ def configure_dlq_parser(subparsers: Subparsers) -> None:
         action.add_argument("--since", type=_timestamp,
                             help="outbox deliveries that died at or after this time (ISO 8601)")
         action.add_argument("--until", type=_timestamp, help="outbox deliveries that died before this time (ISO 8601)")
+        _add_api_flags(action)
         _add_common(action)
 
 
@@ -497,11 +506,13 @@ def configure_events_parser(subparsers: Subparsers) -> None:
                          help="only events in this state")
     listing.add_argument("--since", type=_timestamp, help="only events received at or after this time (ISO 8601)")
     listing.add_argument("--limit", type=_positive(int), default=50, help="at most this many (default 50)")
+    _add_api_flags(listing)
     _add_common(listing)
     show = _add_command(actions, "show", "one event: state, redacted headers, body preview, attempts")
     show.add_argument("provider", help="the provider's name")
     show.add_argument("event_id", help="the event id the provider gave it")
     _add_output_flag(show)
+    _add_api_flags(show)
     _add_common(show)
 
 

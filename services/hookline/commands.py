@@ -4,6 +4,8 @@ answer printed (argument parsing lives in cli.py; the domain operations in core/
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from hookline.core import db, migrations, providers, secrets_at_rest
+from hookline.core.config import ConfigError
 from hookline.core.providers import SpecError
 
 
@@ -119,11 +122,47 @@ async def worker(args: argparse.Namespace) -> int:
     return await Host(Settings.for_command(args), [Worker]).run()
 
 
+def _api_client(args: argparse.Namespace) -> Any:
+    """The console client of ``--api`` (None without it)."""
+    if not getattr(args, "api", None):
+        return None
+    from hookline.console.client import ApiClient
+    from hookline.core.settings import CONSOLE_TOKEN
+
+    token = args.token or os.environ.get(CONSOLE_TOKEN, "").strip()
+    if not token:
+        raise ConfigError(f"--api needs a token: --token T or {CONSOLE_TOKEN}")
+    return ApiClient(args.api, token)
+
+
+async def _through_api(lookup: Callable[[], list[str]]) -> int:
+    from hookline.core.history import HistoryError
+
+    try:
+        lines = await asyncio.to_thread(lookup)
+    except HistoryError as exc:
+        print(f"hookline: {exc}", file=sys.stderr)
+        return 1
+    for line in lines:
+        print(line)
+    return 0
+
+
 async def dlq(args: argparse.Namespace) -> int:
     from hookline.relay.dlq import dlq_outbox
     from hookline.worker.dlq import dlq_inbox
 
     outbox_side = args.endpoint or args.since or args.until
+    if (client := _api_client(args)) is not None:
+        from hookline.console import client as api
+
+        if outbox_side:
+            return _fail("--api reaches inbox dead letters only: leave out --endpoint/--since/--until")
+        if args.action == "list":
+            return await _through_api(lambda: api.list_events(client, provider=args.provider, status=None,
+                                                              since=None, limit=args.limit, dead_only=True))
+        return await _through_api(lambda: api.replay(client, provider=args.provider, event_type=args.event_type,
+                                                     event=args.event))
     if getattr(args, "event", None):
         if outbox_side or args.provider or args.event_type:
             return _fail("--event names one inbox event: give no other filter with it")
@@ -256,6 +295,14 @@ async def _replay_event(conn: asyncpg.Connection, ref: str) -> list[str]:
 async def events(args: argparse.Namespace) -> int:
     from hookline.core.history import EventRef, event_lines, event_record, list_events
 
+    if (client := _api_client(args)) is not None:
+        from hookline.console import client as api
+
+        if args.action == "list":
+            return await _through_api(lambda: api.list_events(
+                client, provider=args.provider, status=args.status,
+                since=args.since.isoformat() if args.since else None, limit=args.limit))
+        return await _through_api(lambda: api.show_event(client, args.provider, args.event_id, args.output))
     if args.action == "list":
         return await _history(lambda conn: list_events(conn, provider=args.provider, status=args.status,
                                                        since=args.since, limit=args.limit))

@@ -77,9 +77,13 @@ async def _prepare_database(url: str, providers_file: Path | None) -> None:
         await conn.close()
 
 
-def _print_welcome(receiver_url: str, database_url: str, registry: ProviderRegistry) -> None:
+def _print_welcome(receiver_url: str, database_url: str, registry: ProviderRegistry,
+                   console: tuple[str, str | None] | None = None) -> None:
+    """``console``: its URL and token (printed here, never logged: whoever has this terminal may use it)."""
+    shown = "" if console is None else (f"  console:   {console[0]}/  (API {console[0]}/api/v1"
+                                        + (f", token {console[1]})\n" if console[1] else ")\n"))
     print(f"\nHookline is running.\n  receiver:  {receiver_url}/webhooks/<provider>\n"
-          f"  database:  {database_url}\n  metrics:   {receiver_url}/metrics\n", flush=True)
+          f"  database:  {database_url}\n  metrics:   {receiver_url}/metrics\n{shown}", flush=True)
     for provider in registry.all().values():
         example = curl_example(receiver_url, provider)
         if example:
@@ -119,17 +123,23 @@ def _on_path() -> bool:
 
 async def _run_stack(settings: Settings, url: str) -> None:
     """Receiver, worker (which also sweeps leases) and relay on one Host: one pool, one LISTEN connection."""
-    from hookline.core.host import Host
+    from hookline.console.service import Console
+    from hookline.core.host import Component, Host
     from hookline.receiver.app import Receiver
     from hookline.relay.service import Relay
     from hookline.worker.service import Worker
 
+    with_console = settings.console.port != 0
+
     def welcome(host: Host) -> None:
         assert host.registry is not None  # the receiver and the worker read providers
         receiver = settings.receiver
-        _print_welcome(f"http://{receiver.host}:{receiver.port}", url, host.registry)
+        console = host.component(Console) if with_console else None
+        _print_welcome(f"http://{receiver.host}:{receiver.port}", url, host.registry,
+                       None if console is None else (console.url, console.token))
 
-    await Host(dataclasses.replace(settings, database_url=url), [Receiver, Worker, Relay]).run(welcome)
+    components: list[type[Component]] = [Receiver, Worker, Relay, *([Console] if with_console else [])]
+    await Host(dataclasses.replace(settings, database_url=url), components).run(welcome)
 
 
 def use_keys_file(data_dir: Path) -> Path:

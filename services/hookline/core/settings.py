@@ -425,6 +425,8 @@ class Settings:
             return cls("", receiver=ReceiverSettings(host=args.host, port=args.port),
                        worker=WorkerSettings(concurrency=8, sweep=True),
                        relay=RelaySettings(concurrency=16, allow_private_networks=True),
+                       console=ConsoleSettings(host=args.host, port=getattr(args, "console_port", 8090),
+                                               token=environ.get(CONSOLE_TOKEN, "").strip() or None),
                        retention=retention_from_env(environ))
         database = cls(database_url(environ), database_password_file=database_password_file(environ),
                        database_session_url=database_session_url(environ),
