@@ -253,3 +253,15 @@ async def test_a_test_event_and_a_delivery_replay_need_the_csrf_token(console: s
                              allow_redirects=False) as response:
             assert response.status == 200
             assert "Replay 0 dead deliveries?" in await response.text()
+
+
+async def test_logout_needs_the_csrf_token_and_forgets_the_cookie(console: str) -> None:
+    _, html = await page(console, "/")
+    match = re.search(r'name="csrf" value="([0-9a-f]{64})"', html)
+    assert match is not None
+    async with session() as http:
+        async with http.post(console + "/logout", data={}, allow_redirects=False) as response:
+            assert response.status == 403  # another site cannot log a user out either
+        async with http.post(console + "/logout", data={"csrf": match.group(1)}, allow_redirects=False) as response:
+            assert response.status == 303 and response.headers["Location"] == "/login"
+            assert response.cookies[SESSION_COOKIE].value == ""
