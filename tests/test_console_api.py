@@ -246,3 +246,11 @@ async def test_the_cli_reads_and_replays_through_the_api(console: processes.Serv
     refused = processes.hookline_cli(nowhere, "events", "list", "--api", console.url,
                                      env={"HOOKLINE_CONSOLE_TOKEN": "not-the-token-at-all"})
     assert refused.returncode == 1 and "401" in refused.stderr and TOKEN not in refused.stderr
+
+
+def test_a_short_token_or_a_bad_port_stops_it_with_one_line(database_url: str) -> None:
+    for env, args, says in (({"HOOKLINE_CONSOLE_TOKEN": "short"}, (), "HOOKLINE_CONSOLE_TOKEN is too short"),
+                            ({}, ("--port", "70000"), "--port must be from 1 to 65535")):
+        result = processes.hookline_cli(database_url, "console", *args, env=env)
+        assert result.returncode == 2 and says in result.stderr, result
+        assert len(result.stderr.strip().splitlines()) == 1 and "short" not in result.stdout

@@ -171,3 +171,15 @@ async def test_the_lists_read_the_console_indexes(pool: asyncpg.Pool) -> None:
                        if d and " ON hookline.inbox" in d]
         assert definitions, label
         assert all(all(w in d for w in wanted) for d in definitions), (label, definitions)
+
+
+async def test_every_read_is_bounded_by_the_statement_timeout(pool: asyncpg.Pool) -> None:
+    store = Store(pool, statement_timeout=0.2)
+    async with store.scoped(EVERYONE) as conn:
+        assert await conn.fetchval("SHOW statement_timeout") == "200ms"
+    with pytest.raises(asyncpg.QueryCanceledError):
+        async with store.scoped(EVERYONE) as conn:
+            await conn.execute("SELECT pg_sleep(2)")
+    # The setting ends with the transaction: the pool's connection is as it was.
+    assert await pool.fetchval("SHOW statement_timeout") != "200ms"
+    assert await pool.fetchval("SELECT current_user") != "hookline_console"

@@ -224,7 +224,7 @@ async def test_upgrade_drops_the_queue_state_statistics_and_workers_and_a_relay_
                 dict(r) for r in await conn.fetch(DELIVERIES_SNAPSHOT)]
 
             applied = await migrations.migrate(conn)
-            assert [name[:4] for name in applied] == ["0028"]
+            assert applied[0][:4] == "0028"  # and whatever came after it
 
             assert ([dict(r) for r in await conn.fetch(SNAPSHOT)],
                     [dict(r) for r in await conn.fetch(DELIVERIES_SNAPSHOT)]) == before

@@ -201,6 +201,12 @@ async def console(args: argparse.Namespace) -> int:
     from hookline.core.settings import Settings
 
     settings = Settings.for_command(args)
+    if settings.console.auth == "kubernetes":
+        import importlib.util
+
+        if importlib.util.find_spec("hookline.console.kube") is None:
+            return _fail("--auth kubernetes needs hookline.console.kube, which this installation lacks: "
+                         "use --auth token, or a release that ships it")
     return await Host(settings, [Console]).run(lambda host: announce_token(host.component(Console)))
 
 
