@@ -9,7 +9,7 @@ STAMP   = $(VENV)/.installed-$(HASH)
 RUN_STAMP = $(VENV)/.installed-run-$(HASH)
 ARGS   ?=
 
-.PHONY: run test lint typecheck pytest pytest-pg15 schema docs chart-docs crds helm-docs bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images engines clean help
+.PHONY: run test lint typecheck pytest pytest-pg15 schema docs chart-docs crds helm-docs bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images engines browser clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -44,7 +44,7 @@ lint: $(STAMP)  ## ruff
 typecheck: $(STAMP)  ## mypy --strict on the project's packages
 	$(BIN)/mypy
 
-pytest: $(STAMP) envtest helm-docs prometheus cluster images engines  ## the test suite (real Postgres, real processes, a real kube-apiserver, Prometheus and pods on a local cluster, failover, PgBouncer)
+pytest: $(STAMP) envtest helm-docs prometheus cluster images engines browser  ## the test suite (real Postgres, real processes, a real kube-apiserver, Prometheus and pods on a local cluster, failover, PgBouncer)
 	$(BIN)/pytest $(ARGS)
 
 # The database-facing files again on the oldest supported major (docs/postgres.md, "Supported
@@ -94,6 +94,9 @@ prometheus:  ## prometheus and promtool from PATH, or built once per machine (ca
 
 engines:  ## apt-get Debian's Postgres 15, pg_auto_failover and PgBouncer once per machine (the failover, pooler and second-major tests)
 	tests/engines/install.sh
+
+browser:  ## apt-get Debian's chromium once per machine (the console's browser test drives it with Playwright)
+	tests/browser/install.sh
 
 images:  ## build the hookline and hookline-service images with podman from a debootstrapped base, no Docker or registry (OCI archives in ~/.cache/hookline/images)
 	nice -n 19 tests/images/build.sh

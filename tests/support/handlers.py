@@ -112,3 +112,11 @@ async def cancelled_by_itself(event: Any, conn: asyncpg.Connection) -> None:
 
 async def cancelled_by_itself_outside(event: Any) -> None:
     raise asyncio.CancelledError()
+
+
+async def fail_until_fixed(event: Any, conn: asyncpg.Connection) -> None:
+    """Fails until the test has "deployed a fix" for the event (a row in test_fixes): a dead letter
+    that its replay then gets done, as in real life."""
+    fixed = await conn.fetchval("SELECT EXISTS (SELECT 1 FROM test_fixes WHERE event_id = $1)", event.event_id)
+    if not fixed:
+        raise RuntimeError(f"no fix deployed yet for {event.event_id}")

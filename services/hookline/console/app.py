@@ -23,6 +23,7 @@ from aiohttp import web
 
 from hookline.console import api, problems
 from hookline.console.access import Authorizer
+from hookline.console.pages import add_pages
 from hookline.console.store import Store
 from hookline.core import http, metrics
 
@@ -149,4 +150,5 @@ def create_app(store: Store, authorizer: Authorizer, pool: asyncpg.Pool | None =
     http.add_ops_routes(app, pool or store.pool)
     app.router.add_get(OPENAPI_PATH, openapi)
     api.add_routes(app)
+    add_pages(app, store, authorizer)  # the web pages, their templates and /static/ (pages.py)
     return app
