@@ -119,7 +119,7 @@ class Connection:
 
         def credential() -> str | None:
             # Calls the configuration's refresh hook (exec plugins, OIDC) when it has one.
-            value = configuration.get_api_key_with_prefix("authorization")
+            value = configuration.get_api_key_with_prefix("BearerToken")
             return str(value) if value else None
 
         return cls(str(configuration.host).rstrip("/"), context, credential)
