@@ -153,7 +153,10 @@ CONSOLE_MUST_NOT = [
 @pytest.fixture(scope="module")
 def console_release(chart_apiserver: ApiServer) -> str:
     namespace = create_namespace(chart_apiserver, "console")
-    apply_objects(chart_apiserver, console_objects(render(CONSOLE, namespace=namespace)))
+    rendered = render(CONSOLE, namespace=namespace)
+    # With the CRD, so that kubectl resolves webhookproviders.hookline.io and the denials below are real.
+    apply_objects(chart_apiserver, rendered.find("CustomResourceDefinition") + console_objects(rendered))
+    chart_apiserver.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/webhookproviders.hookline.io")
     return namespace
 
 

@@ -164,19 +164,42 @@ async def test_authorize_reads_the_providers_from_the_source(world: World, as_co
         await with_source.close()
 
 
+def revoke(world: World, namespace: str, account: str) -> None:
+    """Delete the RoleBindings that name ServiceAccount namespace/account."""
+    for binding in kget(world.api, namespace, "rolebindings")["items"]:
+        if any(s.get("name") == account for s in binding.get("subjects") or []):
+            world.api.kubectl("delete", "rolebinding", binding["metadata"]["name"], "-n", namespace)
+
+
 async def test_a_revoked_binding_denies_once_the_cache_expires(world: World, as_console: None) -> None:
-    token = world.account(world.team_b, f"temp-{uuid.uuid4().hex[:6]}", ["get"])
+    account = f"temp-{uuid.uuid4().hex[:6]}"
+    token = world.account(world.team_b, account, ["get"])
     uncached = KubernetesAuthorizer(ttl=0)
     try:
         first = await uncached.authorize_for(token, world.providers)
         assert first is not None and first.read == {world.provider_b}
-        bindings = kget(world.api, world.team_b, "rolebindings")["items"]
-        for binding in bindings:
-            world.api.kubectl("delete", "rolebinding", binding["metadata"]["name"], "-n", world.team_b)
+        revoke(world, world.team_b, account)
         second = await uncached.authorize_for(token, world.providers)
         assert second is not None and second.read == frozenset()
     finally:
         await uncached.close()
+
+
+async def test_decisions_are_kept_for_the_ttl_and_the_cache_is_bounded(world: World, as_console: None) -> None:
+    account = f"temp-{uuid.uuid4().hex[:6]}"
+    token = world.account(world.team_b, account, ["get"])
+    one_token = KubernetesAuthorizer(ttl=600, cache_size=1)
+    try:
+        first = await one_token.authorize_for(token, world.providers)
+        assert first is not None and first.read == {world.provider_b}
+        revoke(world, world.team_b, account)
+        kept = await one_token.authorize_for(token, world.providers)
+        assert kept is not None and kept.read == {world.provider_b}  # from the cache: not asked again
+        await one_token.authorize_for(world.reader, world.providers)  # takes the only place
+        asked_again = await one_token.authorize_for(token, world.providers)
+        assert asked_again is not None and asked_again.read == frozenset()
+    finally:
+        await one_token.close()
 
 
 async def test_an_unreachable_api_server_denies_and_logs_no_token(
