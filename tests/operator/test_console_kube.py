@@ -242,3 +242,19 @@ async def test_the_console_cannot_read_webhookproviders_itself(world: World) -> 
     token = request_token(world.api, world.system, CONSOLE_SA)
     result = world.api.kubectl("get", "whp", "-A", token=token, check=False)
     assert result.returncode != 0 and "Forbidden" in result.stderr
+
+
+async def test_in_a_pod_the_mounted_token_and_ca_are_used(world: World, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the kubelet mounts in the console's pod, and the `kubernetes` Service's variables."""
+    (tmp_path / "ca.crt").write_bytes(world.api.ca_file.read_bytes())
+    (tmp_path / "token").write_text(request_token(world.api, world.system, CONSOLE_SA) + "\n")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(world.api.port))
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent")  # must not be what is used
+    in_pod = KubernetesAuthorizer(Connection.in_cluster(tmp_path))
+    try:
+        access = await in_pod.authorize_for(world.reader, world.providers)
+        assert access is not None and access.read == {world.provider_a}
+    finally:
+        await in_pod.close()
