@@ -187,3 +187,11 @@ def test_the_console_may_do_nothing_else(chart_apiserver: ApiServer, console_rel
     deployment = json.loads(chart_apiserver.kubectl("get", "deployment", NAME, "-n", console_release,
                                                     "-o", "json").stdout)
     assert deployment["spec"]["template"]["spec"]["containers"][0]["args"][0] == "console"
+
+
+def test_the_notes_say_how_to_open_the_console_only_when_it_is_on() -> None:
+    assert "console" not in render_default().notes.lower()
+    notes = render(CONSOLE).notes
+    assert "port-forward service/hookline-console 8090:80" in notes and "kubectl create token" in notes
+    published = render(deep_merge(CONSOLE, {"console": {"ingress": {"enabled": True, "tls": [{"hosts": ["x"]}]}}}))
+    assert "https://hookline.example.com/" in published.notes
