@@ -66,6 +66,7 @@ class World:
         self.reader = self.account(self.team_a, "reader", ["get"])
         self.replayer = self.account(self.team_a, "replayer", ["get", "patch"])
         self.cluster_reader = self.account(self.team_a, "auditor", ["get", "list"], cluster_wide=True)
+        self.cluster_operator = self.account(self.team_a, "platform", ["get", "list", "patch"], cluster_wide=True)
 
     def account(self, namespace: str, name: str, verbs: list[str], *, cluster_wide: bool = False) -> str:
         """A ServiceAccount allowed ``verbs`` on webhookproviders (in its namespace, or everywhere);
@@ -130,6 +131,14 @@ async def test_a_cluster_wide_reader_reads_every_provider_and_the_outbox(
     assert access.read == {world.provider_a, world.provider_b, world.unowned}
     assert access.replay == frozenset()  # list and get, no patch
     assert access.install_wide
+
+
+async def test_a_cluster_wide_patcher_replays_every_provider_the_unowned_one_included(
+        world: World, authorizer: KubernetesAuthorizer) -> None:
+    access = await authorizer.authorize_for(world.cluster_operator, world.providers)
+    assert access is not None
+    everything = {world.provider_a, world.provider_b, world.unowned}
+    assert (access.read, access.replay, access.install_wide) == (everything, everything, True)
 
 
 async def test_tokens_the_api_server_does_not_accept_get_nothing(
@@ -234,7 +243,7 @@ async def test_a_replay_is_recorded_as_an_event_on_the_resource(world: World, au
     described = world.api.kubectl("describe", "whp", world.whp_a, "-n", world.team_a).stdout
     assert "Replayed" in described
     text = json.dumps(event)
-    for token in (world.reader, world.replayer, world.cluster_reader):
+    for token in (world.reader, world.replayer, world.cluster_reader, world.cluster_operator):
         assert token not in text
 
 

@@ -159,6 +159,7 @@ class Review(NamedTuple):
 
 
 CLUSTER_LIST = Review("list", "", "")
+CLUSTER_GET = Review("get", "", "")
 CLUSTER_PATCH = Review("patch", "", "")
 
 
@@ -220,27 +221,32 @@ class KubernetesAuthorizer:
         if decisions.user is None:
             return None
         rows = [ProviderOwner(*row) for row in providers]
-        wanted = {CLUSTER_LIST, CLUSTER_PATCH}
-        for row in rows:
-            if row.owner_namespace and row.owner_name:
-                wanted |= {Review("get", row.owner_namespace, row.owner_name),
-                           Review("patch", row.owner_namespace, row.owner_name)}
-        await self._review(decisions, wanted)
+        # First what the user may do everywhere: a cluster-wide grant answers every provider at once,
+        # so a platform team's token costs three reviews, not two per provider.
+        await self._review(decisions, {CLUSTER_LIST, CLUSTER_GET, CLUSTER_PATCH})
         allowed = decisions.allowed.get
         cluster_reader = allowed(CLUSTER_LIST, False)
-        cluster_patcher = cluster_reader and allowed(CLUSTER_PATCH, False)
+        get_everywhere, patch_everywhere = allowed(CLUSTER_GET, False), allowed(CLUSTER_PATCH, False)
+        wanted: set[Review] = set()
+        for row in rows:
+            if row.owner_namespace and row.owner_name:
+                if not get_everywhere:
+                    wanted.add(Review("get", row.owner_namespace, row.owner_name))
+                if not patch_everywhere:
+                    wanted.add(Review("patch", row.owner_namespace, row.owner_name))
+        await self._review(decisions, wanted)
         read: set[str] = set()
         replay: set[str] = set()
         for row in rows:
             if row.owner_namespace and row.owner_name:
-                if allowed(Review("get", row.owner_namespace, row.owner_name), False):
+                if get_everywhere or allowed(Review("get", row.owner_namespace, row.owner_name), False):
                     read.add(row.name)
-                if allowed(Review("patch", row.owner_namespace, row.owner_name), False):
+                if patch_everywhere or allowed(Review("patch", row.owner_namespace, row.owner_name), False):
                     replay.add(row.name)
-            else:
+            else:  # no namespace owns it: only for who may see and change every namespace's
                 if cluster_reader:
                     read.add(row.name)
-                if cluster_patcher:
+                if cluster_reader and patch_everywhere:
                     replay.add(row.name)
         return Access(subject=decisions.user.username, read=frozenset(read), replay=frozenset(replay),
                       install_wide=cluster_reader)
@@ -254,7 +260,7 @@ class KubernetesAuthorizer:
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{owner_name}.", "namespace": owner_namespace},
+            "metadata": {"generateName": f"{owner_name[:200]}.", "namespace": owner_namespace},
             "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "namespace": owner_namespace,
                                "name": owner_name, "uid": owner_uid},
             "type": "Normal",
