@@ -34,15 +34,19 @@ from chartkit import (
 
 # The Kubernetes version whose schemas the objects must satisfy: the envtest API server's.
 K8S_VERSION = "1.37.0"
+# The console on, with its Ingress: every generic rule below holds for its objects too.
+CONSOLE = deep_merge(MINIMAL, {"console": {"enabled": True, "ingress": {"enabled": True}}})
 RENDERERS: dict[str, Callable[[], Rendered]] = {
     "default": render_default,
     "dev": render_dev,
     "production": render_production,
+    "console": lambda: render(CONSOLE),
 }
 VALUE_SETS: dict[str, Obj] = {
     "default": MINIMAL,
     "dev": load_values(DEV_VALUES),
     "production": load_values(PRODUCTION_VALUES),
+    "console": CONSOLE,
 }
 # API groups kubernetes-validate has no schema for (CRD-defined kinds of other projects).
 FOREIGN_GROUPS = ("monitoring.coreos.com/",)
@@ -150,10 +154,11 @@ def test_hookline_pods_get_a_writable_tmp(rendered: Rendered) -> None:
             assert "emptyDir" in volumes[mounts["/tmp"]]
 
 
-def test_only_the_operator_has_an_api_token(rendered: Rendered) -> None:
+def test_only_the_operator_and_the_console_have_an_api_token(rendered: Rendered) -> None:
     for obj, pod in rendered.workloads():
         component = obj["metadata"]["labels"]["app.kubernetes.io/component"]
-        assert pod.get("automountServiceAccountToken") is (component == "operator"), obj["metadata"]["name"]
+        wanted = component in ("operator", "console")
+        assert pod.get("automountServiceAccountToken") is wanted, obj["metadata"]["name"]
     for sa in rendered.find("ServiceAccount"):
         assert sa["automountServiceAccountToken"] is False, sa["metadata"]["name"]
 

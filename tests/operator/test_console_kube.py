@@ -1,0 +1,269 @@
+"""The console's Kubernetes authorisation against the real kube-apiserver: real ServiceAccount tokens,
+real RBAC, and the authorizer running as the chart's console ServiceAccount (its ClusterRole as
+rendered by Helm), so a permission the chart lacks fails here too.
+
+team-a and team-b each own a WebhookProvider; a third provider has no owner (applied with the CLI).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apiserver import ApiServer
+
+from hookline.console.kube import Connection, KubernetesAuthorizer, ProviderOwner
+from support.kube import kget
+from support.waiting import eventually
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chart"))
+from chartkit import MINIMAL, deep_merge, render
+from operator_access import apply_objects, ensure_namespace, request_token, service_account_kubeconfig
+
+PROVIDER = """
+apiVersion: hookline.io/v1alpha1
+kind: WebhookProvider
+metadata: {{name: {name}}}
+spec:
+  signature: {{scheme: standard-webhooks}}
+  destination: {{url: "http://orders.example.svc/webhooks"}}
+"""
+CONSOLE_SA = "hookline-console"
+
+
+class World:
+    """Two team namespaces with a provider each, and ServiceAccounts with different rights."""
+
+    def __init__(self, api: ApiServer, directory: Path) -> None:
+        suffix = uuid.uuid4().hex[:6]
+        self.api = api
+        self.team_a, self.team_b, self.system = f"team-a-{suffix}", f"team-b-{suffix}", f"hookline-{suffix}"
+        for namespace in (self.team_a, self.team_b, self.system):
+            ensure_namespace(api, namespace)
+        # The console's identity: exactly the chart's objects for it.
+        rendered = render(deep_merge(MINIMAL, {"console": {"enabled": True}}), namespace=self.system)
+        apply_objects(api, [o for o in (obj for _, obj in rendered.objects)
+                            if o["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+                            and o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "console"])
+        self.kubeconfig = service_account_kubeconfig(api, self.system, CONSOLE_SA, directory)
+        # Public provider names differ from the resources' names: the authorizer must ask about the
+        # resource (owner_namespace/owner_name), never about the row's name.
+        self.whp_a, self.whp_b = f"orders-{suffix}", f"billing-{suffix}"
+        self.provider_a, self.provider_b, self.unowned = f"pub-a-{suffix}", f"pub-b-{suffix}", f"cli-{suffix}"
+        api.kubectl("apply", "-n", self.team_a, "-f", "-", input=PROVIDER.format(name=self.whp_a))
+        api.kubectl("apply", "-n", self.team_b, "-f", "-", input=PROVIDER.format(name=self.whp_b))
+        self.uid_a = str(kget(api, self.team_a, "whp", self.whp_a)["metadata"]["uid"])
+        self.providers = [ProviderOwner(self.provider_a, self.team_a, self.whp_a),
+                          ProviderOwner(self.provider_b, self.team_b, self.whp_b),
+                          ProviderOwner(self.unowned, None, None)]
+        self.reader = self.account(self.team_a, "reader", ["get"])
+        self.replayer = self.account(self.team_a, "replayer", ["get", "patch"])
+        self.cluster_reader = self.account(self.team_a, "auditor", ["get", "list"], cluster_wide=True)
+        self.cluster_operator = self.account(self.team_a, "platform", ["get", "list", "patch"], cluster_wide=True)
+
+    def account(self, namespace: str, name: str, verbs: list[str], *, cluster_wide: bool = False) -> str:
+        """A ServiceAccount allowed ``verbs`` on webhookproviders (in its namespace, or everywhere);
+        returns a real token for it."""
+        api = self.api
+        api.kubectl("create", "serviceaccount", name, "-n", namespace)
+        role = f"{name}-{uuid.uuid4().hex[:6]}"
+        verb_args = [f"--verb={v}" for v in verbs]
+        if cluster_wide:
+            api.kubectl("create", "clusterrole", role, *verb_args, "--resource=webhookproviders.hookline.io")
+            api.kubectl("create", "clusterrolebinding", role, f"--clusterrole={role}",
+                        f"--serviceaccount={namespace}:{name}")
+        else:
+            api.kubectl("create", "role", role, "-n", namespace, *verb_args, "--resource=webhookproviders.hookline.io")
+            api.kubectl("create", "rolebinding", role, "-n", namespace, f"--role={role}",
+                        f"--serviceaccount={namespace}:{name}")
+        return request_token(api, namespace, name)
+
+
+@pytest.fixture(scope="module")
+def world(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> World:
+    return World(apiserver, tmp_path_factory.mktemp("console-kube"))
+
+
+@pytest.fixture
+def as_console(world: World, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The process environment of a console outside a cluster: its kubeconfig, no in-cluster variables."""
+    monkeypatch.setenv("KUBECONFIG", str(world.kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    yield
+
+
+@pytest.fixture
+async def authorizer(as_console: None) -> AsyncIterator[KubernetesAuthorizer]:
+    found = KubernetesAuthorizer()
+    yield found
+    await found.close()
+
+
+async def test_a_namespace_reader_reads_its_provider_only_and_replays_nothing(
+        world: World, authorizer: KubernetesAuthorizer) -> None:
+    access = await authorizer.authorize_for(world.reader, world.providers)
+    assert access is not None
+    assert access.subject == f"system:serviceaccount:{world.team_a}:reader"
+    assert access.read == {world.provider_a}
+    assert access.replay == frozenset()
+    assert not access.install_wide
+    assert not access.may_read(world.provider_b) and not access.may_read(world.unowned)
+
+
+async def test_patch_on_the_resource_allows_replay(world: World, authorizer: KubernetesAuthorizer) -> None:
+    access = await authorizer.authorize_for(world.replayer, world.providers)
+    assert access is not None
+    assert (access.read, access.replay) == ({world.provider_a}, {world.provider_a})
+    assert not access.install_wide
+
+
+async def test_a_cluster_wide_reader_reads_every_provider_and_the_outbox(
+        world: World, authorizer: KubernetesAuthorizer) -> None:
+    access = await authorizer.authorize_for(world.cluster_reader, world.providers)
+    assert access is not None
+    assert access.read == {world.provider_a, world.provider_b, world.unowned}
+    assert access.replay == frozenset()  # list and get, no patch
+    assert access.install_wide
+
+
+async def test_a_cluster_wide_patcher_replays_every_provider_the_unowned_one_included(
+        world: World, authorizer: KubernetesAuthorizer) -> None:
+    access = await authorizer.authorize_for(world.cluster_operator, world.providers)
+    assert access is not None
+    everything = {world.provider_a, world.provider_b, world.unowned}
+    assert (access.read, access.replay, access.install_wide) == (everything, everything, True)
+
+
+async def test_tokens_the_api_server_does_not_accept_get_nothing(
+        world: World, authorizer: KubernetesAuthorizer) -> None:
+    header, payload, _ = world.reader.split(".")
+    forged = f"{header}.{payload}.c2lnbmF0dXJl"  # a real token's claims, a signature of our own
+    for token in ("", "not-a-token", forged):
+        assert await authorizer.authorize_for(token, world.providers) is None
+
+
+async def test_an_audience_the_token_was_not_issued_for_is_refused(world: World, as_console: None) -> None:
+    strict = KubernetesAuthorizer(audiences=["hookline-console"])
+    try:
+        assert await strict.authorize_for(world.reader, world.providers) is None
+        meant = world.api.kubectl("create", "token", "reader", "-n", world.team_a,
+                                  "--audience=hookline-console").stdout.strip()
+        access = await strict.authorize_for(meant, world.providers)
+        assert access is not None and access.read == {world.provider_a}
+    finally:
+        await strict.close()
+
+
+async def test_authorize_reads_the_providers_from_the_source(world: World, as_console: None) -> None:
+    async def providers() -> list[ProviderOwner]:
+        return world.providers
+
+    with_source = KubernetesAuthorizer(provider_source=providers)
+    try:
+        access = await with_source.authorize(world.replayer)
+        assert access is not None and access.replay == {world.provider_a}
+    finally:
+        await with_source.close()
+
+
+def revoke(world: World, namespace: str, account: str) -> None:
+    """Delete the RoleBindings that name ServiceAccount namespace/account."""
+    for binding in kget(world.api, namespace, "rolebindings")["items"]:
+        if any(s.get("name") == account for s in binding.get("subjects") or []):
+            world.api.kubectl("delete", "rolebinding", binding["metadata"]["name"], "-n", namespace)
+
+
+async def test_a_revoked_binding_denies_once_the_cache_expires(world: World, as_console: None) -> None:
+    account = f"temp-{uuid.uuid4().hex[:6]}"
+    token = world.account(world.team_b, account, ["get"])
+    uncached = KubernetesAuthorizer(ttl=0)
+    try:
+        first = await uncached.authorize_for(token, world.providers)
+        assert first is not None and first.read == {world.provider_b}
+        revoke(world, world.team_b, account)
+        second = await uncached.authorize_for(token, world.providers)
+        assert second is not None and second.read == frozenset()
+    finally:
+        await uncached.close()
+
+
+async def test_decisions_are_kept_for_the_ttl_and_the_cache_is_bounded(world: World, as_console: None) -> None:
+    account = f"temp-{uuid.uuid4().hex[:6]}"
+    token = world.account(world.team_b, account, ["get"])
+    one_token = KubernetesAuthorizer(ttl=600, cache_size=1)
+    try:
+        first = await one_token.authorize_for(token, world.providers)
+        assert first is not None and first.read == {world.provider_b}
+        revoke(world, world.team_b, account)
+        kept = await one_token.authorize_for(token, world.providers)
+        assert kept is not None and kept.read == {world.provider_b}  # from the cache: not asked again
+        await one_token.authorize_for(world.reader, world.providers)  # takes the only place
+        asked_again = await one_token.authorize_for(token, world.providers)
+        assert asked_again is not None and asked_again.read == frozenset()
+    finally:
+        await one_token.close()
+
+
+async def test_an_unreachable_api_server_denies_and_logs_no_token(
+        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    closed = Connection("https://127.0.0.1:1", ssl.create_default_context(), lambda: "Bearer console-credential")
+    down = KubernetesAuthorizer(closed)
+    try:
+        with caplog.at_level(logging.WARNING, logger="hookline.console.kube"):
+            assert await down.authorize_for(world.reader, world.providers) is None
+    finally:
+        await down.close()
+    assert "TokenReview failed" in caplog.text
+    assert world.reader not in caplog.text and "console-credential" not in caplog.text
+
+
+async def test_a_replay_is_recorded_as_an_event_on_the_resource(world: World, authorizer: KubernetesAuthorizer) -> None:
+    subject = f"system:serviceaccount:{world.team_a}:replayer"
+    assert await authorizer.record_replay(world.team_a, world.whp_a, world.uid_a, subject, 3)
+
+    def replayed() -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = kget(world.api, world.team_a, "events")["items"]
+        return [e for e in items if e.get("reason") == "Replayed" and e["involvedObject"]["name"] == world.whp_a]
+
+    events = await eventually(replayed, what="a Replayed event on the WebhookProvider")
+    event = events[0]
+    assert event["type"] == "Normal"
+    assert event["message"] == f"replayed 3 event(s) on behalf of {subject}"
+    assert event["involvedObject"]["uid"] == world.uid_a
+    assert event["involvedObject"]["kind"] == "WebhookProvider"
+    assert event["reportingComponent"] == "hookline-console"
+    # `kubectl describe whp` shows it, as operators look for it.
+    described = world.api.kubectl("describe", "whp", world.whp_a, "-n", world.team_a).stdout
+    assert "Replayed" in described
+    text = json.dumps(event)
+    for token in (world.reader, world.replayer, world.cluster_reader, world.cluster_operator):
+        assert token not in text
+
+
+async def test_the_console_cannot_read_webhookproviders_itself(world: World) -> None:
+    token = request_token(world.api, world.system, CONSOLE_SA)
+    result = world.api.kubectl("get", "whp", "-A", token=token, check=False)
+    assert result.returncode != 0 and "Forbidden" in result.stderr
+
+
+async def test_in_a_pod_the_mounted_token_and_ca_are_used(world: World, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the kubelet mounts in the console's pod, and the `kubernetes` Service's variables."""
+    (tmp_path / "ca.crt").write_bytes(world.api.ca_file.read_bytes())
+    (tmp_path / "token").write_text(request_token(world.api, world.system, CONSOLE_SA) + "\n")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(world.api.port))
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent")  # must not be what is used
+    in_pod = KubernetesAuthorizer(Connection.in_cluster(tmp_path))
+    try:
+        access = await in_pod.authorize_for(world.reader, world.providers)
+        assert access is not None and access.read == {world.provider_a}
+    finally:
+        await in_pod.close()
