@@ -30,7 +30,7 @@ $(RUN_STAMP): pyproject.toml
 
 $(STAMP): pyproject.toml
 	$(make_venv)
-	$(BIN)/python -m pip install --quiet -e '.[dev,operator,console,test,otel]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,operator,test,otel]'
 	rm -f $(VENV)/.installed-* && touch $@ $(RUN_STAMP)
 
 run: $(if $(wildcard $(STAMP)),$(STAMP),$(RUN_STAMP))  ## start the whole stack on an embedded Postgres (Ctrl-C stops it)

@@ -11,12 +11,13 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 import asyncpg
 from aiohttp import web
 
-from hookline.console.access import Authorizer, TokenAuthorizer
+from hookline.console import api
+from hookline.console.access import Access, Authorizer, TokenAuthorizer
 from hookline.console.app import create_app
 from hookline.console.store import Store
 from hookline.core import http
@@ -55,7 +56,25 @@ class Console:
         self.authorizer = authorizer or authorizer_for(settings)
         self.store = Store(pool, statement_timeout=settings.statement_timeout)
         self.app = create_app(self.store, self.authorizer, pool)
+        if hasattr(self.authorizer, "record_replay"):  # Kubernetes: who may see what comes from the providers
+            self.authorizer.provider_source = self._owners  # type: ignore[attr-defined]
+            self.app[api.REPLAY_HOOKS_KEY].append(self._record_replay)
         self._runner: web.AppRunner | None = None
+
+    async def _owners(self) -> list[tuple[str, str | None, str | None]]:
+        return [(name, namespace, owner) for name, namespace, owner, _ in await self.store.provider_owners()]
+
+    async def _record_replay(self, access: Access, what: dict[str, Any]) -> None:
+        """A Kubernetes Event on each WebhookProvider whose events were replayed (the attempt log has
+        the rows); a provider no resource owns has nowhere to put one."""
+        counts: dict[str, int] = dict(what.get("providers") or {})
+        if not counts and what.get("provider"):
+            counts = {what["provider"]: int(what["count"])}
+        owners = {name: (ns, owner, uid) for name, ns, owner, uid in await self.store.provider_owners()}
+        for name, count in counts.items():
+            ns, owner, uid = owners.get(name, (None, None, None))
+            if ns and owner and uid:
+                await self.authorizer.record_replay(ns, owner, uid, access.subject, count)  # type: ignore[attr-defined]
 
     @property
     def url(self) -> str:

@@ -162,6 +162,11 @@ class Store:
 
     # -- providers -------------------------------------------------------------------------------
 
+    async def provider_owners(self) -> list[tuple[str, str | None, str | None, str | None]]:
+        """(name, owner_namespace, owner_name, owner_uid) of every provider, for the authorizer."""
+        rows = await self.pool.fetch(db.query("provider_owners", SQL))
+        return [(r["name"], r["owner_namespace"], r["owner_name"], r["owner_uid"]) for r in rows]
+
     async def providers(self, access: Access, only: str | None = None) -> list[dict[str, Any]]:
         """The providers the Access may read, with their queues' state and what is wrong."""
         async with self.scoped(access) as conn:

@@ -137,3 +137,9 @@ WHERE d.status = 'dead'
   AND ($2::text IS NULL OR d.endpoint = $2::text)
 ORDER BY d.id DESC
 LIMIT $3;
+
+-- name: provider_owners
+-- Every provider with the WebhookProvider that owns it (none for CLI-applied ones): what the
+-- Kubernetes authorizer asks SubjectAccessReviews about. Read as the owner, before any Access exists;
+-- names and owners only, never a spec or a secret.
+SELECT name, owner_namespace, owner_name, owner_uid FROM hookline.providers ORDER BY name;
