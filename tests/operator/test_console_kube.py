@@ -267,3 +267,57 @@ async def test_in_a_pod_the_mounted_token_and_ca_are_used(world: World, tmp_path
         assert access is not None and access.read == {world.provider_a}
     finally:
         await in_pod.close()
+
+
+async def test_a_team_reads_only_its_own_providers_through_a_real_console(
+        world: World, database_url: str, pool: Any, log_dir: Path) -> None:
+    """``hookline console --auth kubernetes`` as a process, its kubeconfig the chart's console account:
+    team-a's reader lists team-a's provider only, and team-b's event is a 404 (never a 403 that would
+    say it exists); team-a's replayer replays its own dead letter, and the resource gets the Event."""
+    import aiohttp
+
+    from support.inbox import apply_provider, insert_events
+    from support.processes import console
+
+    for name, namespace, owner in world.providers:
+        apply_provider(database_url, name, 'signature: {scheme: none}\nhandler: "support.handlers:record_effect"')
+        if namespace is not None:
+            uid = str(kget(world.api, namespace, "whp", owner)["metadata"]["uid"])
+            await pool.execute("UPDATE hookline.providers SET managed_by = 'operator', owner_namespace = $2, "
+                               "owner_name = $3, owner_uid = $4 WHERE name = $1", name, namespace, owner, uid)
+    [event_a] = await insert_events(pool, world.provider_a, 1)
+    [event_b] = await insert_events(pool, world.provider_b, 1)
+    await pool.execute("UPDATE hookline.inbox SET status = 'dead', attempts = 1 WHERE event_id = $1", event_a)
+    proc = console(database_url, log_dir, "--auth", "kubernetes",
+                   env={"KUBECONFIG": str(world.kubeconfig), "KUBERNETES_SERVICE_HOST": ""})
+    try:
+        async with aiohttp.ClientSession(base_url=proc.url) as http:
+            def as_(token: str) -> dict[str, str]:
+                return {"Authorization": f"Bearer {token}"}
+
+            async with http.get("/api/v1/providers", headers=as_(world.reader)) as answer:
+                assert answer.status == 200
+                names = {p["name"] for p in (await answer.json())["items"]}
+            assert names == {world.provider_a}
+            async with http.get("/api/v1/events", headers=as_(world.reader)) as answer:
+                assert {e["event_id"] for e in (await answer.json())["items"]} == {event_a}
+            async with http.get(f"/api/v1/events/{world.provider_b}/{event_b}", headers=as_(world.reader)) as answer:
+                assert answer.status == 404
+                assert answer.content_type == "application/problem+json"
+            async with http.post("/api/v1/dead-letters/replay", json={"provider": world.provider_a, "filter": {}},
+                                 headers=as_(world.reader)) as answer:
+                assert answer.status == 403  # reads, may not replay
+            async with http.post("/api/v1/dead-letters/replay", json={"provider": world.provider_a, "filter": {}},
+                                 headers=as_(world.replayer)) as answer:
+                assert answer.status == 200, await answer.text()
+                assert (await answer.json())["count"] == 1
+            async with http.get("/api/v1/events", headers=as_("not-a-token")) as answer:
+                assert answer.status == 401
+        assert await pool.fetchval("SELECT status FROM hookline.inbox WHERE event_id = $1", event_a) == "pending"
+        await eventually(lambda: any(
+            e.get("reason") == "Replayed" and e["involvedObject"]["name"] == world.whp_a
+            for e in json.loads(world.api.kubectl("get", "events", "-n", world.team_a, "-o", "json").stdout)["items"]),
+            timeout=30)
+        assert world.reader not in proc.logs() and world.replayer not in proc.logs()
+    finally:
+        proc.stop()
