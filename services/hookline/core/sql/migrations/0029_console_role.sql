@@ -40,18 +40,20 @@ BEGIN
     END IF;
 END $$;
 
--- 2. What the settings name. SQL-standard bodies: bound at creation, inlined by the planner.
+-- 2. What the settings name. SQL-standard bodies: bound at creation (no search_path to hijack; calls
+-- qualified all the same), inlined by the planner.
 -- NULL means every provider (as tenant_providers() does), so the policies read
 -- `(SELECT f()) IS NULL OR provider = ANY ((SELECT f()))`, one init plan and an index condition.
 CREATE FUNCTION hookline.console_providers() RETURNS text[] LANGUAGE sql STABLE PARALLEL SAFE
-RETURN CASE coalesce(current_setting('hookline.console_providers', true), '')
+RETURN CASE coalesce(pg_catalog.current_setting('hookline.console_providers', true), '')
            WHEN '*' THEN NULL
            WHEN '' THEN '{}'::text[]
-           ELSE ARRAY(SELECT jsonb_array_elements_text(current_setting('hookline.console_providers', true)::jsonb))
+           ELSE ARRAY(SELECT pg_catalog.jsonb_array_elements_text(
+                          pg_catalog.current_setting('hookline.console_providers', true)::jsonb))
        END;
 
 CREATE FUNCTION hookline.console_install_wide() RETURNS boolean LANGUAGE sql STABLE PARALLEL SAFE
-RETURN coalesce(current_setting('hookline.console_install_wide', true), '') = 'on';
+RETURN coalesce(pg_catalog.current_setting('hookline.console_install_wide', true), '') = 'on';
 
 REVOKE EXECUTE ON FUNCTION hookline.console_providers(), hookline.console_install_wide() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION hookline.console_providers(), hookline.console_install_wide() TO hookline_console;
