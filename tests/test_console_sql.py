@@ -20,6 +20,7 @@ from hookline.core import db
 ONLY_A = Access(subject="team-a", read=frozenset({"a"}), replay=frozenset({"a"}), install_wide=False)
 READS_B = Access(subject="reader", read=frozenset({"a", "b"}), replay=frozenset({"a"}), install_wide=False)
 EVERYONE = Access(subject="admin", read=None, replay=None, install_wide=True)
+CONSOLE_ROLE = "SELECT name FROM hookline.console_role"
 
 
 async def seed(pool: asyncpg.Pool) -> None:
@@ -46,7 +47,7 @@ async def test_a_scope_for_provider_a_reads_nothing_of_b_even_by_hand(pool: asyn
         assert {r["part"] for r in await conn.fetch("SELECT part FROM hookline.attempts")} == {"a"}
         assert await conn.fetch("SELECT name FROM hookline.endpoints") == []
         assert await conn.fetch("SELECT id FROM hookline.deliveries") == []
-        assert await conn.fetchval("SELECT current_user") == "hookline_console"
+        assert await conn.fetchval("SELECT current_user") == await pool.fetchval(CONSOLE_ROLE)
     async with store.scoped(ONLY_A) as conn:
         # Partitions carry no policy: the role may not read them at all.
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
@@ -65,7 +66,7 @@ async def test_a_scope_for_provider_a_reads_nothing_of_b_even_by_hand(pool: asyn
 async def test_without_settings_the_role_reads_nothing(pool: asyncpg.Pool) -> None:
     await seed(pool)
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("SET LOCAL ROLE hookline_console")
+        await conn.execute(f"SET LOCAL ROLE {await conn.fetchval(CONSOLE_ROLE)}")
         assert await conn.fetchval("SELECT count(*) FROM hookline.inbox") == 0
         assert await conn.fetchval("SELECT count(*) FROM hookline.endpoints") == 0
 
@@ -182,4 +183,4 @@ async def test_every_read_is_bounded_by_the_statement_timeout(pool: asyncpg.Pool
             await conn.execute("SELECT pg_sleep(2)")
     # The setting ends with the transaction: the pool's connection is as it was.
     assert await pool.fetchval("SHOW statement_timeout") != "200ms"
-    assert await pool.fetchval("SELECT current_user") != "hookline_console"
+    assert await pool.fetchval("SELECT current_user") != await pool.fetchval(CONSOLE_ROLE)

@@ -304,8 +304,8 @@ def configure_console_parser(subparsers: Subparsers) -> None:
         "--auth token one token may do everything: HOOKLINE_CONSOLE_TOKEN, or one made at start and printed "
         "once to stderr. With --auth kubernetes the token is a ServiceAccount or OIDC token the Kubernetes API "
         "server accepts (TokenReview): whoever may get a WebhookProvider reads its events, whoever may patch it "
-        "replays them. Reads run as the Postgres role hookline_console, limited by row-level security to what "
-        "the request may see.",
+        "replays them. Reads run as this database's console role (hookline_console_<digest>, made by "
+        "`hookline migrate`), limited by row-level security to what the request may see.",
         examples="  hookline console                                  http://127.0.0.1:8090, token printed\n"
         "  curl -H \"Authorization: Bearer $TOKEN\" http://127.0.0.1:8090/api/v1/providers\n"
         "  curl -H \"Authorization: Bearer $TOKEN\" 'http://127.0.0.1:8090/api/v1/events?status=dead&limit=20'\n"

@@ -42,9 +42,9 @@ async def migrate(args: argparse.Namespace) -> int:
     try:
         applied = await migrations.migrate(conn)
         print("applied: " + ", ".join(applied) if applied else "schema is up to date")
-        warning = await migrations.public_schema_warning(conn)
-        if warning:
-            print(f"hookline: warning: {warning}", file=sys.stderr)
+        for warning in (await migrations.public_schema_warning(conn), await migrations.console_role_setup(conn)):
+            if warning:
+                print(f"hookline: warning: {warning}", file=sys.stderr)
         for line in await stored_secrets.seal_plaintext(conn):
             print(line, file=sys.stderr if line.startswith("warning") else sys.stdout)
     finally:

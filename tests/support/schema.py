@@ -26,6 +26,7 @@ HEADER = ("-- Hookline's current schema, as the migrations in migrations/ leave 
           "-- don't edit it: a change is a new migration, then `make schema`.\n")
 # Lines that differ between two dumps of the same schema: pg_dump's per-run restrict key, versions.
 _VOLATILE = re.compile(r"^(\\(un)?restrict |-- Dumped (from|by) )")
+_CONSOLE_ROLE = re.compile(r"\bhookline_console_[0-9a-f]{16}\b")
 
 
 def dump(url: str, major: int) -> str:
@@ -34,6 +35,8 @@ def dump(url: str, major: int) -> str:
         [str(embedded.binary("pg_dump")), "--dbname", url, "--schema-only", "--no-owner", "--schema=hookline",
          "--exclude-table=hookline.*_p[0-9]*"],
         check=True, capture_output=True, text=True).stdout
+    # The console's role is named from the database (migration 0029): one name for every dump.
+    out = _CONSOLE_ROLE.sub("hookline_console_<digest of the database name>", out)
     lines = [line for line in out.splitlines() if not _VOLATILE.match(line)]
     return HEADER.format(major=major) + "\n".join(lines).strip() + "\n"
 

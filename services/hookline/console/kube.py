@@ -107,7 +107,9 @@ class Connection:
                                   "(pip install 'hookline[operator]')") from exc
         configuration = client.Configuration()
         try:
-            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            # KUBECONFIG read now: the library reads it once, when it is first imported.
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,  # type: ignore[no-untyped-call]
+                                    client_configuration=configuration)
         except (config.ConfigException, OSError) as exc:
             raise KubeConfigError(f"no usable kubeconfig (KUBECONFIG or ~/.kube/config): {exc}") from exc
         context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)

@@ -98,12 +98,9 @@ class Console:
         return []
 
     async def start(self) -> None:
-        member = await self.pool.fetchval("SELECT pg_has_role(current_user, 'hookline_console', 'MEMBER') "
-                                          "FROM pg_roles WHERE rolname = 'hookline_console'")
-        if not member:
-            raise ConsoleUnavailable(
-                "the console reads as the role hookline_console, which this database user may not switch to "
-                "(run `hookline migrate`; if it warned, as a superuser: GRANT hookline_console TO <this user>)")
+        problem = await self.pool.fetchval("SELECT hookline.console_role_problem()")
+        if problem is not None:
+            raise ConsoleUnavailable(problem)
         self._runner = await http.serve(self.app, self.settings.host, self.settings.port)
         log.info("console started", extra={"url": self.url, "auth": self.settings.auth})
 

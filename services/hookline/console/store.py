@@ -1,7 +1,7 @@
 """What the console reads and replays, for one request's ``Access`` at a time.
 
-Every read runs in ``Store.scoped(access)``: one transaction that switches to the NOLOGIN role
-``hookline_console`` (migration 0029) and names the request's providers in the settings its
+Every read runs in ``Store.scoped(access)``: one transaction that switches to this database's
+NOLOGIN console role (migration 0029) and names the request's providers in the settings its
 row-level security policies read, with a statement timeout. So a list that forgot a filter, or
 any SQL in that transaction, sees only those providers (and the outbox only when the Access is
 install-wide). Replays check ``Access.replay`` first, select what they replay through the same
@@ -152,10 +152,9 @@ class Store:
 
     @contextlib.asynccontextmanager
     async def scoped(self, access: Access) -> AsyncIterator[asyncpg.Connection]:
-        """One transaction reading as hookline_console, limited to what ``access`` may read."""
+        """One transaction reading as the console role, limited to what ``access`` may read."""
         providers = "*" if access.read is None else json.dumps(sorted(access.read))
         async with self.pool.acquire() as conn, conn.transaction():
-            await conn.execute("SET LOCAL ROLE hookline_console")
             await conn.execute(db.query("scope", SQL), providers, "on" if access.install_wide else "off",
                                f"{int(self.statement_timeout * 1000)}ms")
             yield conn

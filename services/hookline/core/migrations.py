@@ -99,3 +99,10 @@ PUBLIC_SCHEMA_WARNING = (
 async def public_schema_warning(conn: asyncpg.Connection) -> str | None:
     """The warning to show when PUBLIC may create in schema public (None when it may not)."""
     return PUBLIC_SCHEMA_WARNING if await conn.fetchval(_query("public_schema_creatable")) else None
+
+
+async def console_role_setup(conn: asyncpg.Connection) -> str | None:
+    """Make (or converge) the console's reading role; why `hookline console` cannot run yet, or None.
+    An owner without CREATEROLE migrates all the same: only the console waits for the role."""
+    problem: str | None = await conn.fetchval(_query("console_role_setup"))
+    return None if problem is None else f"{problem} (only `hookline console` needs it)"

@@ -1,12 +1,15 @@
 -- `hookline console` (hookline.console.store): what the console reads, always inside
--- Store.scoped's transaction, as hookline_console (migration 0029), so row-level security limits
+-- Store.scoped's transaction, as the console role (migration 0029), so row-level security limits
 -- every statement to the request's providers whatever it says. Every list is bounded by a limit
 -- and a keyset cursor, every statement by the transaction's statement_timeout.
 
 -- name: scope
--- The request's Access for the policies: $1 a JSON array of provider names or '*', $2 'on' when
--- the outbox may be read; $3 the statement timeout (e.g. '5s'). All three end with the transaction.
-SELECT set_config('hookline.console_providers', $1, true),
+-- Read as this database's console role from here on (console_role_name() is evaluated first,
+-- as the owner, and raises rather than leave the transaction reading as the owner), with the
+-- request's Access for the policies: $1 a JSON array of provider names or '*', $2 'on' when the
+-- outbox may be read; $3 the statement timeout (e.g. '5s'). All four end with the transaction.
+SELECT set_config('role', hookline.console_role_name(), true),
+       set_config('hookline.console_providers', $1, true),
        set_config('hookline.console_install_wide', $2, true),
        set_config('statement_timeout', $3, true);
 

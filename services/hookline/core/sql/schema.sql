@@ -151,6 +151,179 @@ CREATE FUNCTION hookline.console_providers() RETURNS text[]
 
 
 --
+-- Name: console_role_name(); Type: FUNCTION; Schema: hookline; Owner: -
+--
+
+CREATE FUNCTION hookline.console_role_name() RETURNS text
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    found text;
+BEGIN
+    SELECT name INTO found FROM hookline.console_role;
+    IF found IS NULL THEN  -- fail closed: a scope that cannot switch role must not read as the owner
+        RAISE EXCEPTION 'the console''s reading role is not recorded in hookline.console_role';
+    END IF;
+    RETURN found;
+END $$;
+
+
+--
+-- Name: console_role_own_name(); Type: FUNCTION; Schema: hookline; Owner: -
+--
+
+CREATE FUNCTION hookline.console_role_own_name() RETURNS text
+    LANGUAGE sql STABLE
+    RETURN ('hookline_console_'::text || "left"(encode(sha256(convert_to((current_database())::text, 'UTF8'::name)), 'hex'::text), 16));
+
+
+--
+-- Name: console_role_problem(); Type: FUNCTION; Schema: hookline; Owner: -
+--
+
+CREATE FUNCTION hookline.console_role_problem() RETURNS text
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    reader text := hookline.console_role_name();
+    others text;
+    missing int;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = reader) THEN
+        RETURN format('the console''s reading role %I does not exist and %I may not create it; as a role with '
+                      'CREATEROLE run: CREATE ROLE %I NOLOGIN; GRANT %I TO %I; then `hookline migrate` again',
+                      reader, current_user, reader, reader, current_user);
+    END IF;
+    IF NOT hookline.console_role_switchable(reader) THEN
+        RETURN format('%I may not switch to the console''s reading role %I; as a superuser or a role with ADMIN '
+                      'on it run: GRANT %I TO %I; then `hookline migrate` again',
+                      current_user, reader, reader, current_user);
+    END IF;
+    -- From 16 on a membership may be for ADMIN alone (a CREATEROLE role that made the role has
+    -- one): that one reads nothing through it. Before 16 every membership could.
+    IF current_setting('server_version_num')::int >= 160000 THEN
+        SELECT string_agg(quote_ident(m.rolname), ', ' ORDER BY m.rolname) INTO others
+        FROM pg_auth_members a JOIN pg_roles m ON m.oid = a.member
+        WHERE a.roleid = (SELECT oid FROM pg_roles WHERE rolname = reader) AND m.rolname <> current_user
+          AND (a.set_option OR a.inherit_option);
+    ELSE
+        SELECT string_agg(quote_ident(m.rolname), ', ' ORDER BY m.rolname) INTO others
+        FROM pg_auth_members a JOIN pg_roles m ON m.oid = a.member
+        WHERE a.roleid = (SELECT oid FROM pg_roles WHERE rolname = reader) AND m.rolname <> current_user;
+    END IF;
+    IF others IS NOT NULL THEN
+        RETURN format('the console''s reading role %I is granted to %s as well, who could read every provider''s '
+                      'events through it; the role must be %I''s alone: REVOKE %I FROM %s',
+                      reader, others, current_user, reader, others);
+    END IF;
+    SELECT 7 - count(*) INTO missing FROM pg_policy
+    WHERE polname LIKE 'console\_%' AND polroles = ARRAY[(SELECT oid FROM pg_roles WHERE rolname = reader)]
+        AND polrelid IN ('hookline.providers'::regclass, 'hookline.inbox'::regclass, 'hookline.attempts'::regclass,
+                         'hookline.handler_problems'::regclass, 'hookline.endpoints'::regclass,
+                         'hookline.deliveries'::regclass, 'hookline.outbox'::regclass);
+    IF missing > 0 THEN
+        RETURN 'the console''s row-level security is not in place yet: run `hookline migrate`';
+    END IF;
+    RETURN NULL;
+END $$;
+
+
+--
+-- Name: console_role_setup(); Type: FUNCTION; Schema: hookline; Owner: -
+--
+
+CREATE FUNCTION hookline.console_role_setup() RETURNS text
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    reader text;
+    restriction record;
+BEGIN
+    -- Concurrent GRANTs on one object fail ("tuple concurrently updated"); no tenant can lock this.
+    LOCK TABLE hookline.console_role IN SHARE ROW EXCLUSIVE MODE;
+    reader := hookline.console_role_name();
+    IF reader <> hookline.console_role_own_name() THEN
+        -- A copy or a renamed database: take everything from the role it shares, then make its own.
+        -- Should that fail below, the console has no policies and no role, and refuses to start.
+        FOR restriction IN SELECT polname, polrelid::regclass AS tab FROM pg_policy
+                           WHERE polname LIKE 'console\_%' AND polrelid IN (SELECT oid FROM pg_class
+                               WHERE relnamespace = 'hookline'::regnamespace) LOOP
+            EXECUTE format('DROP POLICY %I ON %s', restriction.polname, restriction.tab);
+        END LOOP;
+        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = reader) THEN
+            EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA hookline FROM %I', reader);
+            EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA hookline FROM %I', reader);
+            EXECUTE format('REVOKE ALL ON SCHEMA hookline FROM %I', reader);
+        END IF;
+        UPDATE hookline.console_role SET name = hookline.console_role_own_name() RETURNING name INTO reader;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = reader) THEN
+        BEGIN
+            EXECUTE format('CREATE ROLE %I NOLOGIN', reader);
+        EXCEPTION WHEN insufficient_privilege THEN
+            RETURN hookline.console_role_problem();
+        END;
+    END IF;
+    IF NOT hookline.console_role_switchable(reader) THEN
+        BEGIN
+            EXECUTE format('GRANT %I TO %I', reader, current_user);
+        EXCEPTION WHEN insufficient_privilege THEN
+            RETURN hookline.console_role_problem();
+        END;
+    END IF;
+    -- Reading only, column lists where a table holds secrets (providers.secrets and
+    -- destination_secret, endpoints.secrets); the parents only, so no partition can be read
+    -- past the policies.
+    EXECUTE format('GRANT EXECUTE ON FUNCTION hookline.console_providers(), hookline.console_install_wide() TO %I',
+                   reader);
+    EXECUTE format('GRANT USAGE ON SCHEMA hookline TO %I', reader);
+    EXECUTE format('GRANT SELECT (name, spec, updated_at, managed_by, owner_namespace, owner_name, owner_uid) '
+                   'ON hookline.providers TO %I', reader);
+    EXECUTE format('GRANT SELECT ON hookline.inbox, hookline.attempts, hookline.handler_problems TO %I', reader);
+    EXECUTE format('GRANT SELECT (name, url, event_types, ordered, max_attempts, initial_delay_seconds, '
+                   'max_delay_seconds, timeout_seconds, enabled, disabled_at, disabled_reason, consecutive_failures, '
+                   'circuit_open_until, created_at, circuit_state, circuit_changed_at, window_started_at, '
+                   'window_successes, window_failures, previous_successes, previous_failures, probe_successes, '
+                   'probe_failures) ON hookline.endpoints TO %I', reader);
+    EXECUTE format('GRANT SELECT ON hookline.deliveries, hookline.outbox TO %I', reader);
+    FOR restriction IN SELECT * FROM (VALUES
+        ('providers', 'console_providers',
+         '(SELECT hookline.console_providers()) IS NULL OR name = ANY ((SELECT hookline.console_providers())::text[])'),
+        ('inbox', 'console_events',
+         '(SELECT hookline.console_providers()) IS NULL OR provider = ANY ((SELECT hookline.console_providers())::text[])'),
+        ('attempts', 'console_attempts',
+         'CASE WHEN queue = ''inbox'' THEN (SELECT hookline.console_providers()) IS NULL '
+         'OR part = ANY ((SELECT hookline.console_providers())::text[]) ELSE (SELECT hookline.console_install_wide()) END'),
+        ('handler_problems', 'console_handler_problems',
+         '(SELECT hookline.console_providers()) IS NULL OR provider = ANY ((SELECT hookline.console_providers())::text[])'),
+        ('endpoints', 'console_endpoints', '(SELECT hookline.console_install_wide())'),
+        ('deliveries', 'console_deliveries', '(SELECT hookline.console_install_wide())'),
+        ('outbox', 'console_outbox', '(SELECT hookline.console_install_wide())')
+    ) AS r(tab, policy, expression) LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_policy WHERE polname = restriction.policy
+                       AND polrelid = format('hookline.%I', restriction.tab)::regclass) THEN
+            EXECUTE format('CREATE POLICY %I ON hookline.%I AS RESTRICTIVE FOR SELECT TO %I USING (%s)',
+                           restriction.policy, restriction.tab, reader, restriction.expression);
+        END IF;
+    END LOOP;
+    RETURN hookline.console_role_problem();
+END $$;
+
+
+--
+-- Name: console_role_switchable(text); Type: FUNCTION; Schema: hookline; Owner: -
+--
+
+CREATE FUNCTION hookline.console_role_switchable(reader text) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    RETURN pg_has_role(CURRENT_USER, (reader)::name, CASE WHEN ((current_setting('server_version_num'::text))::integer >= 160000) THEN 'SET'::text ELSE 'MEMBER'::text END);
+
+
+--
 -- Name: current_traceparent(); Type: FUNCTION; Schema: hookline; Owner: -
 --
 
@@ -930,6 +1103,17 @@ CREATE TABLE hookline.attempts_default (
 
 
 --
+-- Name: console_role; Type: TABLE; Schema: hookline; Owner: -
+--
+
+CREATE TABLE hookline.console_role (
+    only_row boolean DEFAULT true NOT NULL,
+    name text NOT NULL,
+    CONSTRAINT console_role_only_row_check CHECK (only_row)
+);
+
+
+--
 -- Name: deliveries; Type: TABLE; Schema: hookline; Owner: -
 --
 
@@ -1360,6 +1544,14 @@ ALTER TABLE ONLY hookline.inbox ATTACH PARTITION hookline.inbox_default DEFAULT;
 --
 
 ALTER TABLE ONLY hookline.outbox ATTACH PARTITION hookline.outbox_default DEFAULT;
+
+
+--
+-- Name: console_role console_role_pkey; Type: CONSTRAINT; Schema: hookline; Owner: -
+--
+
+ALTER TABLE ONLY hookline.console_role
+    ADD CONSTRAINT console_role_pkey PRIMARY KEY (only_row);
 
 
 --
@@ -2123,7 +2315,7 @@ ALTER TABLE hookline.attempts ENABLE ROW LEVEL SECURITY;
 -- Name: attempts console_attempts; Type: POLICY; Schema: hookline; Owner: -
 --
 
-CREATE POLICY console_attempts ON hookline.attempts AS RESTRICTIVE FOR SELECT TO hookline_console USING (
+CREATE POLICY console_attempts ON hookline.attempts AS RESTRICTIVE FOR SELECT TO hookline_console_<digest of the database name> USING (
 CASE
     WHEN (queue = 'inbox'::text) THEN ((( SELECT hookline.console_providers() AS console_providers) IS NULL) OR (part = ANY (( SELECT hookline.console_providers() AS console_providers)::text[])))
     ELSE ( SELECT hookline.console_install_wide() AS console_install_wide)
@@ -2134,42 +2326,42 @@ END);
 -- Name: deliveries console_deliveries; Type: POLICY; Schema: hookline; Owner: -
 --
 
-CREATE POLICY console_deliveries ON hookline.deliveries AS RESTRICTIVE FOR SELECT TO hookline_console USING (( SELECT hookline.console_install_wide() AS console_install_wide));
+CREATE POLICY console_deliveries ON hookline.deliveries AS RESTRICTIVE FOR SELECT TO hookline_console_<digest of the database name> USING (( SELECT hookline.console_install_wide() AS console_install_wide));
 
 
 --
 -- Name: endpoints console_endpoints; Type: POLICY; Schema: hookline; Owner: -
 --
 
-CREATE POLICY console_endpoints ON hookline.endpoints AS RESTRICTIVE FOR SELECT TO hookline_console USING (( SELECT hookline.console_install_wide() AS console_install_wide));
+CREATE POLICY console_endpoints ON hookline.endpoints AS RESTRICTIVE FOR SELECT TO hookline_console_<digest of the database name> USING (( SELECT hookline.console_install_wide() AS console_install_wide));
 
 
 --
 -- Name: inbox console_events; Type: POLICY; Schema: hookline; Owner: -
 --
 
-CREATE POLICY console_events ON hookline.inbox AS RESTRICTIVE FOR SELECT TO hookline_console USING (((( SELECT hookline.console_providers() AS console_providers) IS NULL) OR (provider = ANY (( SELECT hookline.console_providers() AS console_providers)::text[]))));
+CREATE POLICY console_events ON hookline.inbox AS RESTRICTIVE FOR SELECT TO hookline_console_<digest of the database name> USING (((( SELECT hookline.console_providers() AS console_providers) IS NULL) OR (provider = ANY (( SELECT hookline.console_providers() AS console_providers)::text[]))));
 
 
 --
 -- Name: handler_problems console_handler_problems; Type: POLICY; Schema: hookline; Owner: -
 --
 
-CREATE POLICY console_handler_problems ON hookline.handler_problems AS RESTRICTIVE FOR SELECT TO hookline_console USING (((( SELECT hookline.console_providers() AS console_providers) IS NULL) OR (provider = ANY (( SELECT hookline.console_providers() AS console_providers)::text[]))));
+CREATE POLICY console_handler_problems ON hookline.handler_problems AS RESTRICTIVE FOR SELECT TO hookline_console_<digest of the database name> USING (((( SELECT hookline.console_providers() AS console_providers) IS NULL) OR (provider = ANY (( SELECT hookline.console_providers() AS console_providers)::text[]))));
 
 
 --
 -- Name: outbox console_outbox; Type: POLICY; Schema: hookline; Owner: -
 --
 
-CREATE POLICY console_outbox ON hookline.outbox AS RESTRICTIVE FOR SELECT TO hookline_console USING (( SELECT hookline.console_install_wide() AS console_install_wide));
+CREATE POLICY console_outbox ON hookline.outbox AS RESTRICTIVE FOR SELECT TO hookline_console_<digest of the database name> USING (( SELECT hookline.console_install_wide() AS console_install_wide));
 
 
 --
 -- Name: providers console_providers; Type: POLICY; Schema: hookline; Owner: -
 --
 
-CREATE POLICY console_providers ON hookline.providers AS RESTRICTIVE FOR SELECT TO hookline_console USING (((( SELECT hookline.console_providers() AS console_providers) IS NULL) OR (name = ANY (( SELECT hookline.console_providers() AS console_providers)::text[]))));
+CREATE POLICY console_providers ON hookline.providers AS RESTRICTIVE FOR SELECT TO hookline_console_<digest of the database name> USING (((( SELECT hookline.console_providers() AS console_providers) IS NULL) OR (name = ANY (( SELECT hookline.console_providers() AS console_providers)::text[]))));
 
 
 --
@@ -2239,7 +2431,7 @@ CREATE POLICY tenant_providers ON hookline.providers USING (((( SELECT hookline.
 -- Name: SCHEMA hookline; Type: ACL; Schema: -; Owner: -
 --
 
-GRANT USAGE ON SCHEMA hookline TO hookline_console;
+GRANT USAGE ON SCHEMA hookline TO hookline_console_<digest of the database name>;
 
 
 --
@@ -2296,7 +2488,7 @@ REVOKE ALL ON FUNCTION hookline.bounded_retention(spec jsonb, field text, unit i
 --
 
 REVOKE ALL ON FUNCTION hookline.console_install_wide() FROM PUBLIC;
-GRANT ALL ON FUNCTION hookline.console_install_wide() TO hookline_console;
+GRANT ALL ON FUNCTION hookline.console_install_wide() TO hookline_console_<digest of the database name>;
 
 
 --
@@ -2304,7 +2496,42 @@ GRANT ALL ON FUNCTION hookline.console_install_wide() TO hookline_console;
 --
 
 REVOKE ALL ON FUNCTION hookline.console_providers() FROM PUBLIC;
-GRANT ALL ON FUNCTION hookline.console_providers() TO hookline_console;
+GRANT ALL ON FUNCTION hookline.console_providers() TO hookline_console_<digest of the database name>;
+
+
+--
+-- Name: FUNCTION console_role_name(); Type: ACL; Schema: hookline; Owner: -
+--
+
+REVOKE ALL ON FUNCTION hookline.console_role_name() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION console_role_own_name(); Type: ACL; Schema: hookline; Owner: -
+--
+
+REVOKE ALL ON FUNCTION hookline.console_role_own_name() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION console_role_problem(); Type: ACL; Schema: hookline; Owner: -
+--
+
+REVOKE ALL ON FUNCTION hookline.console_role_problem() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION console_role_setup(); Type: ACL; Schema: hookline; Owner: -
+--
+
+REVOKE ALL ON FUNCTION hookline.console_role_setup() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION console_role_switchable(reader text); Type: ACL; Schema: hookline; Owner: -
+--
+
+REVOKE ALL ON FUNCTION hookline.console_role_switchable(reader text) FROM PUBLIC;
 
 
 --
@@ -2500,245 +2727,245 @@ REVOKE ALL ON FUNCTION hookline.set_outbox_partition_width(width interval, prema
 -- Name: TABLE attempts; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT ON TABLE hookline.attempts TO hookline_console;
+GRANT SELECT ON TABLE hookline.attempts TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: TABLE deliveries; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT ON TABLE hookline.deliveries TO hookline_console;
+GRANT SELECT ON TABLE hookline.deliveries TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.name; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(name) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(name) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.url; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(url) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(url) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.event_types; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(event_types) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(event_types) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.ordered; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(ordered) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(ordered) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.max_attempts; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(max_attempts) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(max_attempts) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.initial_delay_seconds; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(initial_delay_seconds) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(initial_delay_seconds) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.max_delay_seconds; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(max_delay_seconds) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(max_delay_seconds) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.timeout_seconds; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(timeout_seconds) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(timeout_seconds) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.enabled; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(enabled) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(enabled) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.disabled_at; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(disabled_at) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(disabled_at) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.disabled_reason; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(disabled_reason) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(disabled_reason) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.consecutive_failures; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(consecutive_failures) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(consecutive_failures) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.circuit_open_until; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(circuit_open_until) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(circuit_open_until) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.created_at; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(created_at) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(created_at) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.circuit_state; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(circuit_state) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(circuit_state) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.circuit_changed_at; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(circuit_changed_at) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(circuit_changed_at) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.window_started_at; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(window_started_at) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(window_started_at) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.window_successes; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(window_successes) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(window_successes) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.window_failures; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(window_failures) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(window_failures) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.previous_successes; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(previous_successes) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(previous_successes) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.previous_failures; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(previous_failures) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(previous_failures) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.probe_successes; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(probe_successes) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(probe_successes) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN endpoints.probe_failures; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(probe_failures) ON TABLE hookline.endpoints TO hookline_console;
+GRANT SELECT(probe_failures) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: TABLE handler_problems; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT ON TABLE hookline.handler_problems TO hookline_console;
+GRANT SELECT ON TABLE hookline.handler_problems TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: TABLE inbox; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT ON TABLE hookline.inbox TO hookline_console;
+GRANT SELECT ON TABLE hookline.inbox TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: TABLE outbox; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT ON TABLE hookline.outbox TO hookline_console;
+GRANT SELECT ON TABLE hookline.outbox TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN providers.name; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(name) ON TABLE hookline.providers TO hookline_console;
+GRANT SELECT(name) ON TABLE hookline.providers TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN providers.spec; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(spec) ON TABLE hookline.providers TO hookline_console;
+GRANT SELECT(spec) ON TABLE hookline.providers TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN providers.updated_at; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(updated_at) ON TABLE hookline.providers TO hookline_console;
+GRANT SELECT(updated_at) ON TABLE hookline.providers TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN providers.managed_by; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(managed_by) ON TABLE hookline.providers TO hookline_console;
+GRANT SELECT(managed_by) ON TABLE hookline.providers TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN providers.owner_namespace; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(owner_namespace) ON TABLE hookline.providers TO hookline_console;
+GRANT SELECT(owner_namespace) ON TABLE hookline.providers TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN providers.owner_name; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(owner_name) ON TABLE hookline.providers TO hookline_console;
+GRANT SELECT(owner_name) ON TABLE hookline.providers TO hookline_console_<digest of the database name>;
 
 
 --
 -- Name: COLUMN providers.owner_uid; Type: ACL; Schema: hookline; Owner: -
 --
 
-GRANT SELECT(owner_uid) ON TABLE hookline.providers TO hookline_console;
+GRANT SELECT(owner_uid) ON TABLE hookline.providers TO hookline_console_<digest of the database name>;
 
 
 --

@@ -45,3 +45,7 @@ FROM (SELECT 1) AS one LEFT JOIN pg_namespace AS n ON n.nspname = 'public';
 -- name: server_facts
 SELECT current_setting('server_version_num')::int AS version_num, current_setting('server_version') AS version,
        pg_catalog.pg_is_in_recovery() AS standby;
+
+-- name: console_role_setup
+-- Migration 0029's function, again at each `hookline migrate`: NULL when the console can run.
+SELECT hookline.console_role_setup();
