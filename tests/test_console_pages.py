@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 from aiohttp import web
 
-from hookline.console.access import TokenAuthorizer
+from hookline.console.access import Access, TokenAuthorizer
 from hookline.console.app import create_app
 from hookline.console.pages import CSP, MAX_BODY_CHARS, SESSION_COOKIE, csrf_token
 from hookline.console.store import Store
@@ -49,7 +49,12 @@ async def store_event(pool: asyncpg.Pool, event_id: str, body: bytes, *, event_t
 
 
 @pytest.fixture
-async def console(database_url: str, pool: asyncpg.Pool) -> AsyncIterator[str]:
+def store(pool: asyncpg.Pool) -> Store:
+    return Store(pool)
+
+
+@pytest.fixture
+async def console(database_url: str, pool: asyncpg.Pool, store: Store) -> AsyncIterator[str]:
     """The console's app (API, pages, its middleware) on a real HTTP server over the real store, with
     one hostile provider's events."""
     apply_provider(database_url, "hostile", 'signature: {scheme: none}\nhandler: "support.handlers:always_fail"')
@@ -61,7 +66,7 @@ async def console(database_url: str, pool: asyncpg.Pool) -> AsyncIterator[str]:
     await store_event(pool, "evt_deep", DEEP.encode())
     await store_event(pool, "evt_somewhat_deep", SOMEWHAT_DEEP.encode())
     await store_event(pool, "evt_dead", b'{"data": {}}', status="dead")
-    runner = web.AppRunner(create_app(Store(pool), TokenAuthorizer(TOKEN)))
+    runner = web.AppRunner(create_app(store, TokenAuthorizer(TOKEN)))
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -162,8 +167,14 @@ async def test_login_sets_a_strict_http_only_cookie_and_refuses_a_bad_token(cons
     assert "Secure" not in cookie  # plain http here; over https the cookie is Secure
 
 
-async def test_replay_needs_the_csrf_token_and_a_confirmation(console: str, pool: asyncpg.Pool) -> None:
+async def test_replay_needs_the_csrf_token_and_a_confirmation(console: str, pool: asyncpg.Pool, store: Store) -> None:
     form = {"provider": "hostile", "id": "evt_dead"}
+    told: list[tuple[str, dict[str, dict[str, int]]]] = []  # the hooks (a Kubernetes Event) hear of page replays
+
+    async def hook(access: Access, what: dict[str, dict[str, int]]) -> None:
+        told.append((access.subject, what))
+
+    store.replay_hooks.append(hook)
 
     async def status() -> str:
         return str(await pool.fetchval("SELECT status FROM hookline.inbox WHERE event_id = 'evt_dead'"))
@@ -184,7 +195,7 @@ async def test_replay_needs_the_csrf_token_and_a_confirmation(console: str, pool
             confirm = await response.text()
             assert response.status == 200
         assert "Replay 1 dead letter?" in confirm and 'name="confirm" value="yes"' in confirm
-        assert await status() == "dead"  # a dry run so far
+        assert await status() == "dead" and told == []  # a dry run so far
 
         async with http.post(console + "/dead-letters/replay", data={**form, "csrf": csrf, "confirm": "yes"},
                              allow_redirects=False) as response:
@@ -192,6 +203,7 @@ async def test_replay_needs_the_csrf_token_and_a_confirmation(console: str, pool
             location = response.headers["Location"]
         assert location == "/dead-letters?provider=hostile&replayed=1"
         assert await status() == "pending"
+        assert told == [("console-token", {"providers": {"hostile": 1}})]
         _, done = await page(console, location)
         assert "1 dead letter replayed" in done
 

@@ -18,10 +18,6 @@ from hookline.console.store import BadRequest, EventFilter, Forbidden, NotFound,
 PREFIX = "/api/v1"
 ACCESS_KEY: web.RequestKey[Access] = web.RequestKey("access", Access)
 STORE_KEY: web.AppKey[Store] = web.AppKey("store", Store)
-# Called after every replay that requeued something (console/kube.py records a Kubernetes Event):
-# (access, what was replayed: {"provider"|"endpoint": name, "count": n, ...}).
-ReplayHook = Callable[[Access, dict[str, Any]], Awaitable[None]]
-REPLAY_HOOKS_KEY: web.AppKey[list[ReplayHook]] = web.AppKey("replay_hooks", list)
 MAX_BODY_BYTES = 64 * 1024  # a replay's JSON body
 EVENT_FILTERS = ("provider", "status", "type", "entity", "received_after", "received_before", "q")
 
@@ -62,12 +58,6 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-async def _replayed(request: web.Request, result: dict[str, Any], **what: Any) -> None:
-    if result.get("count") and not result.get("dry_run"):
-        for hook in request.app[REPLAY_HOOKS_KEY]:
-            await hook(_access(request), {**what, "count": result["count"]})
-
-
 async def list_providers(request: web.Request) -> web.Response:
     return web.json_response({"items": await _store(request).providers(_access(request))})
 
@@ -93,7 +83,6 @@ async def replay_event(request: web.Request) -> web.Response:
     body = await _body(request)
     result = await _store(request).replay(_access(request), provider=provider,
                                           ids=[request.match_info["event_id"]], dry_run=_dry_run(body))
-    await _replayed(request, result, provider=provider, event_ids=[request.match_info["event_id"]])
     return web.json_response(result)
 
 
@@ -127,7 +116,6 @@ async def replay_dead_letters(request: web.Request) -> web.Response:
         filters = EventFilter.parse({**raw_filter, **({"provider": provider} if provider else {})})
     result = await _store(request).replay(_access(request), provider=provider, ids=ids, filters=filters,
                                           dry_run=_dry_run(body))
-    await _replayed(request, result, provider=provider, providers=result.get("providers"))
     return web.json_response(result)
 
 
@@ -157,7 +145,6 @@ async def replay_deliveries(request: web.Request) -> web.Response:
         raise problems.bad_request("ids", "say what to replay: ids, endpoint, or all: true")
     result = await _store(request).replay_deliveries(_access(request), ids=ids, endpoint=endpoint,
                                                      dry_run=_dry_run(body))
-    await _replayed(request, result, endpoint=endpoint, endpoints=result.get("endpoints"))
     return web.json_response(result)
 
 

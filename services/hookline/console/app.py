@@ -143,7 +143,6 @@ def create_app(store: Store, authorizer: Authorizer, pool: asyncpg.Pool | None =
     app = web.Application(middlewares=[request_metrics, security_headers, errors, authenticate,
                                        api.store_errors], client_max_size=api.MAX_BODY_BYTES)
     app[api.STORE_KEY] = store
-    app[api.REPLAY_HOOKS_KEY] = []
     app[AUTHORIZER_KEY] = authorizer
     app[CSRF_CHECK_KEY] = csrf_check
     app[PUBLIC_PREFIXES_KEY] = []

@@ -11,12 +11,11 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TextIO
 
 import asyncpg
 from aiohttp import web
 
-from hookline.console import api
 from hookline.console.access import Access, Authorizer, TokenAuthorizer
 from hookline.console.app import create_app
 from hookline.console.store import Store
@@ -58,18 +57,16 @@ class Console:
         self.app = create_app(self.store, self.authorizer, pool)
         if hasattr(self.authorizer, "record_replay"):  # Kubernetes: who may see what comes from the providers
             self.authorizer.provider_source = self._owners  # type: ignore[attr-defined]
-            self.app[api.REPLAY_HOOKS_KEY].append(self._record_replay)
+            self.store.replay_hooks.append(self._record_replay)
         self._runner: web.AppRunner | None = None
 
     async def _owners(self) -> list[tuple[str, str | None, str | None]]:
         return [(name, namespace, owner) for name, namespace, owner, _ in await self.store.provider_owners()]
 
-    async def _record_replay(self, access: Access, what: dict[str, Any]) -> None:
+    async def _record_replay(self, access: Access, what: dict[str, dict[str, int]]) -> None:
         """A Kubernetes Event on each WebhookProvider whose events were replayed (the attempt log has
         the rows); a provider no resource owns has nowhere to put one."""
-        counts: dict[str, int] = dict(what.get("providers") or {})
-        if not counts and what.get("provider"):
-            counts = {what["provider"]: int(what["count"])}
+        counts = what.get("providers") or {}
         owners = {name: (ns, owner, uid) for name, ns, owner, uid in await self.store.provider_owners()}
         for name, count in counts.items():
             ns, owner, uid = owners.get(name, (None, None, None))

@@ -18,7 +18,7 @@ import binascii
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -29,7 +29,7 @@ from hookline.console.access import Access
 from hookline.core import db
 from hookline.core.history import redact_headers
 from hookline.core.inbox_stats import NO_EVENTS, provider_stats
-from hookline.core.queue import INBOX, OUTBOX
+from hookline.core.queue import INBOX, OUTBOX, Queue
 
 SQL = "console.sql"
 MAX_LIMIT = 200
@@ -143,12 +143,18 @@ def plain(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime) else value
 
 
+# Called after every replay that requeued something, from the API or the pages (console/service.py
+# records a Kubernetes Event): (access, {"providers": {name: count}} or {"endpoints": {name: count}}).
+ReplayHook = Callable[[Access, dict[str, dict[str, int]]], Awaitable[None]]
+
+
 class Store:
     """The console's reads and replays on the owner's pool; ``statement_timeout`` in seconds."""
 
     def __init__(self, pool: asyncpg.Pool, *, statement_timeout: float = 5.0) -> None:
         self.pool = pool
         self.statement_timeout = statement_timeout
+        self.replay_hooks: list[ReplayHook] = []
 
     @contextlib.asynccontextmanager
     async def scoped(self, access: Access) -> AsyncIterator[asyncpg.Connection]:
@@ -295,18 +301,9 @@ class Store:
             f = filters or EventFilter()
             rows = await conn.fetch(db.query("dead_to_replay", SQL), names, row_ids, f.type, f.entity,
                                     f.received_after, f.received_before, f.q, MAX_REPLAY + 1)
-            more = len(rows) > MAX_REPLAY
-            rows = rows[:MAX_REPLAY]
-            if dry_run or not rows:
-                return {"dry_run": dry_run, "count": len(rows), "more": more}
-            # Selected as the console's role; written as the owner (no write grant for the role).
-            await conn.execute("RESET ROLE")
-            counts = await INBOX.replay_dead(conn, ids=[r["id"] for r in rows])
-            requeued = [r for r in rows if r["provider"] in counts]
-            await conn.execute(db.query("record_replays", SQL), "inbox", [r["id"] for r in requeued],
-                               [r["provider"] for r in requeued], _who(access))
-        return {"dry_run": False, "count": sum(counts.values()), "more": more,
-                "providers": dict(sorted(counts.items()))}
+            result = await self._requeue(conn, access, INBOX, rows, dry_run)
+        await self._replayed(access, result, "providers")
+        return result
 
     # -- the outbox ------------------------------------------------------------------------------
 
@@ -347,17 +344,33 @@ class Store:
         async with self.scoped(access) as conn:
             rows = await conn.fetch(db.query("dead_deliveries_to_replay", SQL), None if ids is None else list(ids),
                                     endpoint, MAX_REPLAY + 1)
-            more = len(rows) > MAX_REPLAY
-            rows = rows[:MAX_REPLAY]
-            if dry_run or not rows:
-                return {"dry_run": dry_run, "count": len(rows), "more": more}
-            await conn.execute("RESET ROLE")
-            counts = await OUTBOX.replay_dead(conn, ids=[r["id"] for r in rows])
-            requeued = [r for r in rows if r["endpoint"] in counts]
-            await conn.execute(db.query("record_replays", SQL), "deliveries", [r["id"] for r in requeued],
-                               [r["endpoint"] for r in requeued], _who(access))
+            result = await self._requeue(conn, access, OUTBOX, rows, dry_run)
+        await self._replayed(access, result, "endpoints")
+        return result
+
+    @staticmethod
+    async def _requeue(conn: asyncpg.Connection, access: Access, queue: Queue, rows: list[asyncpg.Record],
+                       dry_run: bool) -> dict[str, Any]:
+        """Requeue the dead ``rows`` (selected as the console's role, at most MAX_REPLAY + 1 to tell
+        whether there were more) as the owner, and log who did it; the counts by provider (endpoint)."""
+        part = queue.partition
+        more = len(rows) > MAX_REPLAY
+        rows = rows[:MAX_REPLAY]
+        if dry_run or not rows:
+            return {"dry_run": dry_run, "count": len(rows), "more": more}
+        await conn.execute("RESET ROLE")  # the role has no write grant
+        counts = await queue.replay_dead(conn, ids=[r["id"] for r in rows])
+        requeued = [r for r in rows if r[part] in counts]
+        await conn.execute(db.query("record_replays", SQL), queue.log_name, [r["id"] for r in requeued],
+                           [r[part] for r in requeued], _who(access))
         return {"dry_run": False, "count": sum(counts.values()), "more": more,
-                "endpoints": dict(sorted(counts.items()))}
+                f"{part}s": dict(sorted(counts.items()))}
+
+    async def _replayed(self, access: Access, result: dict[str, Any], key: str) -> None:
+        """Tell the hooks, once the replay committed."""
+        if result.get(key):
+            for hook in self.replay_hooks:
+                await hook(access, {key: result[key]})
 
     async def send_test_event(self, access: Access, endpoint: str) -> dict[str, Any]:
         """Publish a ``hookline.test`` event through the outbox to ``endpoint`` only."""

@@ -152,6 +152,7 @@ class Queue:
         self.table = table
         self.partition = partition
         self.channel = channel
+        self.log_name = log_name  # its rows' queue in the attempt log
         self.floors = ClaimFloors(first_attempts_only=retries_first)
         values: dict[str, db.TemplateValue] = {
             "table": table, "partition": partition, "retries_first": retries_first, "deferrable": deferrable,
