@@ -22,6 +22,7 @@ from hookline.console.access import Access, TokenAuthorizer
 from hookline.console.app import create_app
 from hookline.console.pages import CSP, MAX_BODY_CHARS, SESSION_COOKIE, csrf_token
 from hookline.console.store import Store
+from hookline.core import db
 from hookline.core.embedded import free_port
 from support.inbox import apply_provider
 from support.processes import hookline_cli
@@ -277,3 +278,56 @@ async def test_logout_needs_the_csrf_token_and_forgets_the_cookie(console: str) 
         async with http.post(console + "/logout", data={"csrf": match.group(1)}, allow_redirects=False) as response:
             assert response.status == 303 and response.headers["Location"] == "/login"
             assert response.cookies[SESSION_COOKIE].value == ""
+
+
+async def test_a_delivery_page_shows_its_attempts_escaped_and_replays_that_delivery(
+        console: str, pool: asyncpg.Pool, store: Store, database_url: str) -> None:
+    added = hookline_cli(database_url, "endpoints", "add", "partner", "--url", "http://127.0.0.1:9/hooks")
+    assert added.returncode == 0, added.stderr
+    await pool.fetchval(db.query("publish", "outbox.sql"), SCRIPT, json.dumps({"note": SCRIPT}), None, None,
+                        "partner", None)
+    delivery_id = await pool.fetchval(
+        "UPDATE hookline.deliveries SET status = 'dead', attempts = 2, last_status = 500, last_response = $1, "
+        "last_error = $1 RETURNING id", f"{SCRIPT} {SECRET}")
+    await pool.execute("INSERT INTO hookline.attempts (queue, row_id, part, attempt, outcome, error, http_status) "
+                       "VALUES ('deliveries', $1, 'partner', 2, 'dead', $2, 500)", delivery_id, f"HTTP 500 {SCRIPT}")
+    told: list[dict[str, dict[str, int]]] = []
+
+    async def hook(access: Access, what: dict[str, dict[str, int]]) -> None:
+        told.append(what)
+
+    store.replay_hooks.append(hook)
+
+    _, deliveries = await page(console, "/deliveries")
+    assert f'href="/deliveries/{delivery_id}"' in deliveries
+    response, html = await page(console, f"/deliveries/{delivery_id}")
+    assert response.status == 200 and response.headers["Content-Security-Policy"] == CSP
+    assert html.count("<script") == 1 and OUR_SCRIPT in html  # the payload, the answer and the error, escaped
+    assert "&lt;script&gt;" in html and "HTTP 500" in html and "dead" in html
+    for missing in ("/deliveries/999999999", "/deliveries/99999999999999999999"):
+        response, _ = await page(console, missing)
+        assert response.status == 404
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{console}/api/v1/deliveries/{delivery_id}",
+                            headers={"Authorization": f"Bearer {TOKEN}"}) as api_response:
+            shown = await api_response.json()
+        assert shown["body_json"] == {"note": SCRIPT} and shown["attempt_log"][0]["outcome"] == "dead"
+
+    csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', html)
+    assert csrf is not None and f'name="id" value="{delivery_id}"' in html
+    async with session() as http:
+        form = {"id": str(delivery_id), "csrf": csrf.group(1)}
+        async with http.post(console + "/deliveries/replay", data=form, allow_redirects=False) as response:
+            assert response.status == 200 and "Replay 1 dead delivery?" in await response.text()
+        assert told == []
+        async with http.post(console + "/deliveries/replay", data={**form, "confirm": "yes"},
+                             allow_redirects=False) as response:
+            assert response.status == 303
+            assert response.headers["Location"] == f"/deliveries/{delivery_id}?replayed=1"
+        async with http.post(console + "/deliveries/replay", data={"id": "12x", "csrf": csrf.group(1)},
+                             allow_redirects=False) as response:
+            assert response.status == 400
+    assert await pool.fetchval("SELECT status FROM hookline.deliveries WHERE id = $1", delivery_id) == "pending"
+    assert told == [{"endpoints": {"partner": 1}}]
+    assert await pool.fetchval("SELECT worker FROM hookline.attempts WHERE queue = 'deliveries' AND row_id = $1 "
+                               "AND outcome = 'replayed'", delivery_id) == "console:console-token"

@@ -184,3 +184,41 @@ async def test_every_read_is_bounded_by_the_statement_timeout(pool: asyncpg.Pool
     # The setting ends with the transaction: the pool's connection is as it was.
     assert await pool.fetchval("SHOW statement_timeout") != "200ms"
     assert await pool.fetchval("SELECT current_user") != await pool.fetchval(CONSOLE_ROLE)
+
+
+BIG_OUTBOX = """
+INSERT INTO hookline.endpoints (name, url) SELECT 'e' || g, 'https://example.com/hook' FROM generate_series(0, 9) AS g;
+INSERT INTO hookline.outbox (event_id, event_type, payload, created_at)
+SELECT 'msg_' || g, 't' || g % 7, '{}', now() - (g % 4) * interval '1 day' FROM generate_series(1, 200000) AS g;
+INSERT INTO hookline.deliveries (outbox_id, endpoint, status, created_at)
+SELECT id, 'e' || id % 10, CASE WHEN id % 1000 = 0 THEN 'dead' ELSE 'done' END, created_at FROM hookline.outbox;
+ANALYZE;
+"""
+
+
+@pytest.mark.timeout(300)
+async def test_the_deliveries_pages_read_indexes_only(pool: asyncpg.Pool) -> None:
+    """The deliveries list walks the deliveries' primary key down from the cursor; one delivery is
+    a probe of each partition's primary key, its event one of the outbox's."""
+    await pool.execute(BIG_OUTBOX)
+    store = Store(pool)
+    some_id = await pool.fetchval("SELECT max(id) / 2 FROM hookline.deliveries")
+    cases = {
+        "deliveries": (db.query("deliveries_page", "console.sql"), (None, None, None, None, None, 51)),
+        "deliveries of an endpoint, from a cursor": (db.query("deliveries_page", "console.sql"),
+                                                     ("e3", None, None, None, some_id, 51)),
+        "replay count": (db.query("dead_deliveries_to_replay", "console.sql"), (None, "e3", 10001)),
+        "one delivery": (db.query("delivery", "console.sql"), (some_id, 1024)),
+    }
+    filled = {r["relname"] for r in await pool.fetch(
+        "SELECT relname FROM pg_class WHERE relnamespace = 'hookline'::regnamespace AND reltuples > 0")}
+    for label, (sql, args) in cases.items():
+        async with store.scoped(EVERYONE) as conn:
+            nodes = await _plan(conn, sql, *args)
+        scans = [n for n in nodes if "Scan" in n["Node Type"]
+                 and n.get("Relation Name", "").startswith(("deliveries", "outbox"))]
+        assert scans, label
+        assert not [n["Relation Name"] for n in scans
+                    if n["Node Type"] == "Seq Scan" and n["Relation Name"] in filled], (label, scans)
+    async with store.scoped(EVERYONE) as conn:
+        assert await conn.fetchval(db.query("delivery", "console.sql"), some_id, 1024) is not None

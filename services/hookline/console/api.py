@@ -134,6 +134,10 @@ async def list_deliveries(request: web.Request) -> web.Response:
     return _page(items, cursor)
 
 
+async def get_delivery(request: web.Request) -> web.Response:
+    return web.json_response(await _store(request).delivery(_access(request), int(request.match_info["id"])))
+
+
 async def replay_deliveries(request: web.Request) -> web.Response:
     body = await _body(request)
     ids = body.get("ids")
@@ -192,6 +196,7 @@ ROUTES: list[tuple[str, str, Callable[[web.Request], Awaitable[web.Response]]]] 
     ("GET", "/endpoints", list_endpoints),
     ("POST", "/endpoints/{name}/test", send_test_event),
     ("GET", "/deliveries", list_deliveries),
+    ("GET", r"/deliveries/{id:\d{1,20}}", get_delivery),
     ("POST", "/deliveries/replay", replay_deliveries),
 ]
 

@@ -43,7 +43,7 @@ MAX_BODY_CHARS = 100_000
 EVENT_FILTERS = ("provider", "status", "type", "entity", "received_after", "received_before", "q")
 DELIVERY_FILTERS = ("endpoint", "status", "type", "q")
 
-PAGE_GETS = frozenset({"providers", "events", "event", "dead_letters", "endpoints", "deliveries"})
+PAGE_GETS = frozenset({"providers", "events", "event", "dead_letters", "endpoints", "deliveries", "delivery"})
 # POST routes that check the form's CSRF token themselves (the app's middleware cannot read a form).
 FORM_POSTS = frozenset({"replay_dead_letters", "replay_deliveries", "send_test_event"})
 PUBLIC_PREFIXES = ["/login", "/logout", "/static/"]  # the app's middleware lets these through unauthenticated
@@ -315,15 +315,28 @@ async def replay_dead_letters(request: web.Request) -> web.StreamResponse:
     filters["provider"] = provider
     parsed = EventFilter.parse(filters) if selection else None
     chosen = None if selection else ids
-    store = request.app[STORE_KEY]
+
+    async def replay(dry_run: bool) -> dict[str, Any]:
+        return await request.app[STORE_KEY].replay(access, provider=provider, ids=chosen, filters=parsed,
+                                                   dry_run=dry_run)
+    return await _confirm_then_replay(request, access, token, replay, "confirm.html", {
+        "provider": provider, "ids": ids, "selection": selection, "filters": filters,
+    }, "/dead-letters?" + urlencode({"provider": provider}))
+
+
+async def _confirm_then_replay(request: web.Request, access: Access, token: str,
+                               replay: Callable[[bool], Awaitable[dict[str, Any]]], confirm_template: str,
+                               context: dict[str, Any], back: str) -> web.StreamResponse:
+    """A replay form's answer: without ``confirm`` the page saying how many it would replay (a dry
+    run); with it, the replay, then back to ``back`` saying how many it did."""
+    form = await request.post()
     if form.get("confirm") != "yes":
-        would = await store.replay(access, provider=provider, ids=chosen, filters=parsed, dry_run=True)
-        return _render(request, "confirm.html", {
-            "subject": access.subject, "count": would["count"], "more": would.get("more"), "provider": provider,
-            "ids": ids, "selection": selection, "filters": filters,
+        would = await replay(True)
+        return _render(request, confirm_template, {
+            "subject": access.subject, "count": would["count"], "more": would.get("more"), **context,
         }, token=token)
-    done = await store.replay(access, provider=provider, ids=chosen, filters=parsed, dry_run=False)
-    raise web.HTTPSeeOther("/dead-letters?" + urlencode({"provider": provider, "replayed": done["count"]}))
+    done = await replay(False)
+    raise web.HTTPSeeOther(f"{back}{'&' if '?' in back else '?'}{urlencode({'replayed': done['count']})}")
 
 
 def _may_change_outbox(access: Access) -> bool:
@@ -360,20 +373,23 @@ async def send_test_event(request: web.Request) -> web.StreamResponse:
 
 @page
 async def replay_deliveries(request: web.Request) -> web.StreamResponse:
-    """POST: the dead deliveries of one endpoint; without ``confirm`` shows how many first."""
+    """POST: the dead deliveries of one endpoint, or one delivery (``id``); without ``confirm``
+    shows how many first."""
     access, token = await _checked_form(request)
     form = await request.post()
-    endpoint = str(form.get("endpoint") or "").strip()
-    if not endpoint:
-        raise PageError(400, "Choose the endpoint whose dead deliveries to replay.")
-    store = request.app[STORE_KEY]
-    if form.get("confirm") != "yes":
-        would = await store.replay_deliveries(access, endpoint=endpoint, dry_run=True)
-        return _render(request, "confirm_deliveries.html", {
-            "subject": access.subject, "count": would["count"], "more": would.get("more"), "endpoint": endpoint,
-        }, token=token)
-    done = await store.replay_deliveries(access, endpoint=endpoint, dry_run=False)
-    raise web.HTTPSeeOther("/deliveries?" + urlencode({"endpoint": endpoint, "replayed": done["count"]}))
+    endpoint = str(form.get("endpoint") or "").strip() or None
+    raw_id = str(form.get("id") or "").strip()
+    if raw_id and not (raw_id.isdigit() and len(raw_id) <= 19):
+        raise PageError(400, "That is not a delivery id.")
+    ids = [int(raw_id)] if raw_id else None
+    if endpoint is None and ids is None:
+        raise PageError(400, "Choose the endpoint whose dead deliveries to replay, or one delivery.")
+
+    async def replay(dry_run: bool) -> dict[str, Any]:
+        return await request.app[STORE_KEY].replay_deliveries(access, ids=ids, endpoint=endpoint, dry_run=dry_run)
+    back = f"/deliveries/{raw_id}" if ids else "/deliveries?" + urlencode({"endpoint": endpoint})
+    return await _confirm_then_replay(request, access, token, replay, "confirm_deliveries.html",
+                                      {"endpoint": endpoint, "id": raw_id}, back)
 
 
 @page
@@ -387,6 +403,18 @@ async def deliveries_page(request: web.Request) -> web.StreamResponse:
         "subject": access.subject, "deliveries": deliveries, "filters": filters,
         "next": _next_link(request, next_cursor), "install_wide": access.install_wide,
         "may_change": _may_change_outbox(access), "sent": request.query.get("sent") == "1",
+        "replayed": int(replayed) if replayed.isdigit() else None,
+    }, token=token)
+
+
+@page
+async def delivery_page(request: web.Request) -> web.StreamResponse:
+    access, token = await _access(request)
+    delivery = await request.app[STORE_KEY].delivery(access, int(request.match_info["id"]))
+    replayed = request.query.get("replayed", "")
+    return _render(request, "delivery.html", {
+        "subject": access.subject, "delivery": delivery, "body": body_view(delivery),
+        "attempts": delivery.get("attempt_log") or [], "may_change": _may_change_outbox(access),
         "replayed": int(replayed) if replayed.isdigit() else None,
     }, token=token)
 
@@ -447,6 +475,7 @@ def add_pages(app: web.Application, store: Store, authorizer: Authorizer) -> Non
     app.router.add_get("/endpoints", endpoints_page, name="endpoints")
     app.router.add_post("/endpoints/{name}/test", send_test_event, name="send_test_event")
     app.router.add_get("/deliveries", deliveries_page, name="deliveries")
+    app.router.add_get(r"/deliveries/{id:\d{1,20}}", delivery_page, name="delivery")
     app.router.add_post("/deliveries/replay", replay_deliveries, name="replay_deliveries")
     app.router.add_get("/login", login_page, name="login")
     app.router.add_post("/login", login, name="login_post")

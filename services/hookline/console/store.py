@@ -249,22 +249,13 @@ class Store:
             if row is None:
                 raise NotFound(f"no event {event_id!r} of provider {provider!r}")
             attempts = await conn.fetch(db.query("attempts", SQL), "inbox", row["id"], row["received_at"])
-        body = bytes(row["body"])
-        truncated = row["body_bytes"] > len(body)
-        text = body.decode("utf-8", errors="replace")
-        parsed: Any = None
-        parses = False
-        if not truncated:
-            with contextlib.suppress(ValueError, RecursionError):
-                parsed, parses = json.loads(body), True
         return {
             **{k: plain(row[k]) for k in ("id", "provider", "event_id", "event_type", "entity_key", "status",
                                           "attempts", "received_at", "next_attempt_at", "processed_at",
                                           "locked_by", "lease_expires_at", "last_error", "deferred_since",
                                           "suspect", "content_type", "body_bytes")},
             "headers": redact_headers(row["headers"] or {}),
-            "body": text, "body_truncated": truncated, "body_valid_utf8": _valid_utf8(body),
-            "body_json": parsed, "body_is_json": parses,
+            **_body(bytes(row["body"]), row["body_bytes"]),
             "attempt_log": [_attempt(a) for a in attempts],
         }
 
@@ -335,6 +326,22 @@ class Store:
         items = [{k: plain(v) for k, v in r.items()} for r in rows[:limit]]
         return items, encode_cursor(rows[limit - 1]["id"]) if len(rows) > limit else None
 
+    async def delivery(self, access: Access, delivery_id: int) -> dict[str, Any]:
+        """One delivery: its outbox event's payload (as an event's body), the partner's last answer
+        and every attempt (install-wide only)."""
+        if not access.install_wide or not 1 <= delivery_id < 2**63:
+            raise NotFound(f"no delivery {delivery_id}")
+        async with self.scoped(access) as conn:
+            row = await conn.fetchrow(db.query("delivery", SQL), delivery_id, MAX_BODY_BYTES)
+            if row is None:
+                raise NotFound(f"no delivery {delivery_id}")
+            attempts = await conn.fetch(db.query("attempts", SQL), "deliveries", row["id"], row["created_at"])
+        return {
+            **{k: plain(v) for k, v in row.items() if k != "payload"},
+            **_body(row["payload"].encode(), row["body_bytes"]),
+            "attempt_log": [_attempt(a) for a in attempts],
+        }
+
     async def replay_deliveries(self, access: Access, *, ids: Sequence[int] | None = None,
                                 endpoint: str | None = None, dry_run: bool = False) -> dict[str, Any]:
         if not access.install_wide or access.replay is not None:
@@ -399,6 +406,19 @@ def _attempt(row: asyncpg.Record) -> dict[str, Any]:
     return {"attempt": row["attempt"], "at": plain(row["at"]), "outcome": row["outcome"], "worker": row["worker"],
             "http_status": row["http_status"], "latency_ms": row["latency_ms"], "error": error or None,
             "traceback": traceback or None}
+
+
+def _body(body: bytes, length: int) -> dict[str, Any]:
+    """A stored body's first bytes as the pages and the API show it: text (undecodable bytes as
+    U+FFFD), whether it was cut, and the JSON it parses to (when whole)."""
+    truncated = length > len(body)
+    parsed: Any = None
+    parses = False
+    if not truncated:
+        with contextlib.suppress(ValueError, RecursionError):
+            parsed, parses = json.loads(body), True
+    return {"body": body.decode("utf-8", errors="replace"), "body_truncated": truncated,
+            "body_valid_utf8": _valid_utf8(body), "body_json": parsed, "body_is_json": parses}
 
 
 def _valid_utf8(body: bytes) -> bool:

@@ -132,6 +132,18 @@ WHERE ($1::text IS NULL OR d.endpoint = $1::text)
 ORDER BY d.id DESC
 LIMIT $6;
 
+-- name: delivery
+-- One delivery (one probe of each partition's primary key) with its outbox event: its payload as
+-- text, the first $2 characters and its length in bytes; the partner's last answer, its first 2,000.
+SELECT d.id, d.endpoint, d.status, d.attempts, d.created_at, d.next_attempt_at, d.processed_at, d.locked_by,
+       d.lease_expires_at, d.last_status, left(d.last_response, 2000) AS last_response, d.last_latency_ms,
+       d.last_error, d.suspect, o.event_id, o.event_type, o.aggregate_type, o.aggregate_id,
+       octet_length(p.text) AS body_bytes, left(p.text, $2) AS payload
+FROM hookline.deliveries AS d
+JOIN hookline.outbox AS o ON o.id = d.outbox_id AND o.created_at = d.created_at
+CROSS JOIN LATERAL (SELECT o.payload::text AS text) AS p
+WHERE d.id = $1;
+
 -- name: dead_deliveries_to_replay
 -- Dead deliveries to replay: the ids $1, or those of endpoint $2 (deliveries_dead_idx); $3 at most.
 SELECT d.id, d.endpoint FROM hookline.deliveries AS d
