@@ -53,7 +53,8 @@ PG15_TESTS = tests/test_sql.py tests/test_queue.py tests/test_outbox.py tests/te
 	tests/test_receiver.py tests/test_tenant_boundary.py tests/test_tenant_roles.py tests/test_upgrade.py \
 	tests/test_retention.py tests/test_attempt_log_partitions.py tests/test_maintenance.py \
 	tests/test_history.py tests/test_secrets_at_rest.py tests/test_status.py tests/test_dlq_inbox.py \
-	tests/test_end_to_end.py tests/test_worker_crash_isolation.py tests/test_listener.py tests/test_relay.py
+	tests/test_end_to_end.py tests/test_worker_crash_isolation.py tests/test_listener.py tests/test_relay.py \
+	tests/test_console_role.py tests/test_console_sql.py
 
 pytest-pg15: $(STAMP) engines  ## the database-facing test files on Debian's Postgres 15 (the suite's other run is on the embedded 18)
 	HOOKLINE_TEST_POSTGRES=15 $(BIN)/pytest $(PG15_TESTS)
