@@ -88,9 +88,9 @@ DECLARE
     missing int;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = reader) THEN
-        RETURN format('the console''s reading role %I does not exist and %I may not create it; as a role with '
-                      'CREATEROLE run: CREATE ROLE %I NOLOGIN; GRANT %I TO %I; then `hookline migrate` again',
-                      reader, current_user, reader, reader, current_user);
+        RETURN format('the console''s reading role %I does not exist, and %I may not create it without '
+                      'CREATEROLE; as a role with CREATEROLE run: CREATE ROLE %I NOLOGIN; GRANT %I TO %I; '
+                      'then `hookline migrate` again', reader, current_user, reader, reader, current_user);
     END IF;
     IF NOT hookline.console_role_switchable(reader) THEN
         RETURN format('%I may not switch to the console''s reading role %I; as a superuser or a role with ADMIN '
