@@ -90,7 +90,7 @@ class World:
         operator records them (``owner_namespace/owner_name/owner_uid``)."""
         for name, namespace, owner in self.providers:
             apply_provider(database_url, name, 'signature: {scheme: none}\nhandler: "support.handlers:record_effect"')
-            if namespace is not None:
+            if namespace is not None and owner is not None:
                 uid = str(kget(self.api, namespace, "whp", owner)["metadata"]["uid"])
                 await pool.execute("UPDATE hookline.providers SET managed_by = 'operator', owner_namespace = $2, "
                                    "owner_name = $3, owner_uid = $4 WHERE name = $1", name, namespace, owner, uid)
