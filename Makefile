@@ -9,7 +9,7 @@ STAMP   = $(VENV)/.installed-$(HASH)
 RUN_STAMP = $(VENV)/.installed-run-$(HASH)
 ARGS   ?=
 
-.PHONY: run test lint typecheck pytest pytest-pg15 schema docs chart-docs crds helm-docs bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images engines browser clean help
+.PHONY: run test lint typecheck pytest pytest-pg15 schema docs chart-docs crds helm-docs bench bench-receiver bench-worker bench-relay bench-operator-stats bench-storage envtest prometheus images engines browser screenshots clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -98,6 +98,10 @@ engines:  ## apt-get Debian's Postgres 15, pg_auto_failover and PgBouncer once p
 
 browser:  ## apt-get Debian's chromium once per machine (the console's browser test drives it with Playwright)
 	tests/browser/install.sh
+
+# Only here does the browser test write docs/images: other runs keep their screenshots in tmp_path.
+screenshots: $(STAMP) browser  ## retake the README's console screenshots (docs/images/console-*.png) with the browser test
+	HOOKLINE_WRITE_SCREENSHOTS=1 HOOKLINE_REQUIRE_BROWSER=1 $(BIN)/pytest -q tests/test_console_browser.py
 
 images:  ## build the hookline and hookline-service images with podman from a debootstrapped base, no Docker or registry (OCI archives in ~/.cache/hookline/images)
 	nice -n 19 tests/images/build.sh

@@ -2,13 +2,16 @@
 
 Signed events go through a real receiver to a real worker whose handler fails one of them until a
 fix is "deployed"; the browser logs in with the token, filters the events list, opens an event,
-replays the dead letter through the confirmation step and sees the worker get it done. The same
-run saves the README's screenshots (docs/images/console-*.png) and fails on any CSP violation.
+replays the dead letter through the confirmation step and sees the worker get it done. It fails on
+any CSP violation, and takes the README's screenshots: into the test's tmp_path, or over
+docs/images/console-*.png when HOOKLINE_WRITE_SCREENSHOTS=1 (`make screenshots`), so that an
+ordinary run leaves the tree clean.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -27,6 +30,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 TOKEN = "browser-test-token-0123456789abcdef"
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
+WRITE_SCREENSHOTS = "HOOKLINE_WRITE_SCREENSHOTS"
+SCREENSHOTS = ("console-providers.png", "console-events.png", "console-event.png")
 PROVIDER = f"""
 signature: {{scheme: standard-webhooks, secrets: ["{SW_SECRET}"]}}
 eventType: {{jsonPointer: /type}}
@@ -74,10 +79,11 @@ async def send_signed_events(receiving: ServiceProcess) -> None:
 
 
 async def test_log_in_filter_open_and_replay_a_dead_letter(stack: tuple[str, ServiceProcess],
-                                                           pool: asyncpg.Pool) -> None:
+                                                           pool: asyncpg.Pool, tmp_path: Path) -> None:
     from playwright.async_api import expect
 
     console, receiving = stack
+    images = IMAGES if os.environ.get(WRITE_SCREENSHOTS) == "1" else tmp_path
     await send_signed_events(receiving)
 
     async def statuses() -> dict[str, str]:
@@ -100,7 +106,7 @@ async def test_log_in_filter_open_and_replay_a_dead_letter(stack: tuple[str, Ser
 
         await page.goto(console + "/")
         await expect(page.get_by_role("link", name="shop")).to_be_visible()
-        await page.screenshot(path=str(IMAGES / "console-providers.png"), full_page=True)
+        await page.screenshot(path=str(images / "console-providers.png"), full_page=True)
 
         await page.get_by_role("link", name="Events", exact=True).click()
         await page.get_by_label("Event type").fill("order.refunded")
@@ -108,7 +114,7 @@ async def test_log_in_filter_open_and_replay_a_dead_letter(stack: tuple[str, Ser
         await expect(page.locator("table.events tbody tr")).to_have_count(2)
         await expect(page).to_have_url(f"{console}/events?provider=&status=&type=order.refunded&entity=&"
                                        "received_after=&received_before=&q=")
-        await page.screenshot(path=str(IMAGES / "console-events.png"), full_page=True)
+        await page.screenshot(path=str(images / "console-events.png"), full_page=True)
 
         await page.get_by_role("link", name="msg_2Xk3refund").click()
         await expect(page.get_by_role("heading", name="Event msg_2Xk3refund")).to_be_visible()
@@ -117,7 +123,7 @@ async def test_log_in_filter_open_and_replay_a_dead_letter(stack: tuple[str, Ser
         await expect(body).to_contain_text("<script>alert('hi')</script>")  # shown as text, never run
         await expect(page.locator("table.headers")).to_contain_text("webhook-id")
         assert SW_SECRET not in await page.content()
-        await page.screenshot(path=str(IMAGES / "console-event.png"), full_page=True)
+        await page.screenshot(path=str(images / "console-event.png"), full_page=True)
 
         await page.get_by_role("link", name="Dead letters").click()
         await page.get_by_label("Provider").select_option("shop")
@@ -138,3 +144,5 @@ async def test_log_in_filter_open_and_replay_a_dead_letter(stack: tuple[str, Ser
         await expect(page.locator("dl.facts")).to_contain_text("done")
         await expect(page.locator("ol.timeline")).to_contain_text("replayed")
         assert violations == []
+    for name in SCREENSHOTS:
+        assert (images / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n"), name

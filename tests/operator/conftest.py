@@ -2,6 +2,8 @@
 
 `apiserver` (session): etcd + kube-apiserver with the CRDs from crds/ installed and Established.
 `namespace` (function): a fresh namespace per test, so tests never see each other's objects.
+`world` (module): two teams, their WebhookProviders and ServiceAccounts, and the chart's console
+identity (support/console_kube.py), for the console's tests.
 Every test here that uses the API server is marked `k8s`, so `pytest -m "not k8s"` leaves them out.
 """
 
@@ -11,6 +13,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -23,6 +26,9 @@ from apiserver import ApiServer  # noqa: E402
 
 from support.kube import OWNER_REFERENCES_ENFORCED, require_assets  # noqa: E402
 from support.waiting import eventually_sync  # noqa: E402
+
+if TYPE_CHECKING:
+    from support.console_kube import World
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -63,3 +69,11 @@ def namespace(apiserver: ApiServer) -> str:
     name = f"t-{uuid.uuid4().hex[:10]}"
     apiserver.kubectl("create", "namespace", name)
     return name
+
+
+@pytest.fixture(scope="module")
+def world(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> World:
+    # Imported here: the chart's renderer it loads is for the console's tests only.
+    from support.console_kube import World
+
+    return World(apiserver, tmp_path_factory.mktemp("console-kube"))

@@ -1,8 +1,7 @@
 """The console's Kubernetes authorisation against the real kube-apiserver: real ServiceAccount tokens,
 real RBAC, and the authorizer running as the chart's console ServiceAccount (its ClusterRole as
-rendered by Helm), so a permission the chart lacks fails here too.
-
-team-a and team-b each own a WebhookProvider; a third provider has no owner (applied with the CLI).
+rendered by Helm), so a permission the chart lacks fails here too. The two teams and their accounts
+are support/console_kube.py's World (the `world` fixture).
 """
 
 from __future__ import annotations
@@ -10,85 +9,17 @@ from __future__ import annotations
 import json
 import logging
 import ssl
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from apiserver import ApiServer
 
 from hookline.console.kube import Connection, KubernetesAuthorizer, ProviderOwner
+from support.console_kube import World
 from support.kube import kget
 from support.waiting import eventually
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chart"))
-from chartkit import MINIMAL, deep_merge, render
-from operator_access import apply_objects, ensure_namespace, request_token, service_account_kubeconfig
-
-PROVIDER = """
-apiVersion: hookline.io/v1alpha1
-kind: WebhookProvider
-metadata: {{name: {name}}}
-spec:
-  signature: {{scheme: standard-webhooks}}
-  destination: {{url: "http://orders.example.svc/webhooks"}}
-"""
-CONSOLE_SA = "hookline-console"
-
-
-class World:
-    """Two team namespaces with a provider each, and ServiceAccounts with different rights."""
-
-    def __init__(self, api: ApiServer, directory: Path) -> None:
-        suffix = uuid.uuid4().hex[:6]
-        self.api = api
-        self.team_a, self.team_b, self.system = f"team-a-{suffix}", f"team-b-{suffix}", f"hookline-{suffix}"
-        for namespace in (self.team_a, self.team_b, self.system):
-            ensure_namespace(api, namespace)
-        # The console's identity: exactly the chart's objects for it.
-        rendered = render(deep_merge(MINIMAL, {"console": {"enabled": True}}), namespace=self.system)
-        apply_objects(api, [o for o in (obj for _, obj in rendered.objects)
-                            if o["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
-                            and o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "console"])
-        self.kubeconfig = service_account_kubeconfig(api, self.system, CONSOLE_SA, directory)
-        # Public provider names differ from the resources' names: the authorizer must ask about the
-        # resource (owner_namespace/owner_name), never about the row's name.
-        self.whp_a, self.whp_b = f"orders-{suffix}", f"billing-{suffix}"
-        self.provider_a, self.provider_b, self.unowned = f"pub-a-{suffix}", f"pub-b-{suffix}", f"cli-{suffix}"
-        api.kubectl("apply", "-n", self.team_a, "-f", "-", input=PROVIDER.format(name=self.whp_a))
-        api.kubectl("apply", "-n", self.team_b, "-f", "-", input=PROVIDER.format(name=self.whp_b))
-        self.uid_a = str(kget(api, self.team_a, "whp", self.whp_a)["metadata"]["uid"])
-        self.providers = [ProviderOwner(self.provider_a, self.team_a, self.whp_a),
-                          ProviderOwner(self.provider_b, self.team_b, self.whp_b),
-                          ProviderOwner(self.unowned, None, None)]
-        self.reader = self.account(self.team_a, "reader", ["get"])
-        self.replayer = self.account(self.team_a, "replayer", ["get", "patch"])
-        self.cluster_reader = self.account(self.team_a, "auditor", ["get", "list"], cluster_wide=True)
-        self.cluster_operator = self.account(self.team_a, "platform", ["get", "list", "patch"], cluster_wide=True)
-
-    def account(self, namespace: str, name: str, verbs: list[str], *, cluster_wide: bool = False) -> str:
-        """A ServiceAccount allowed ``verbs`` on webhookproviders (in its namespace, or everywhere);
-        returns a real token for it."""
-        api = self.api
-        api.kubectl("create", "serviceaccount", name, "-n", namespace)
-        role = f"{name}-{uuid.uuid4().hex[:6]}"
-        verb_args = [f"--verb={v}" for v in verbs]
-        if cluster_wide:
-            api.kubectl("create", "clusterrole", role, *verb_args, "--resource=webhookproviders.hookline.io")
-            api.kubectl("create", "clusterrolebinding", role, f"--clusterrole={role}",
-                        f"--serviceaccount={namespace}:{name}")
-        else:
-            api.kubectl("create", "role", role, "-n", namespace, *verb_args, "--resource=webhookproviders.hookline.io")
-            api.kubectl("create", "rolebinding", role, "-n", namespace, f"--role={role}",
-                        f"--serviceaccount={namespace}:{name}")
-        return request_token(api, namespace, name)
-
-
-@pytest.fixture(scope="module")
-def world(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> World:
-    return World(apiserver, tmp_path_factory.mktemp("console-kube"))
 
 
 @pytest.fixture
@@ -248,7 +179,7 @@ async def test_a_replay_is_recorded_as_an_event_on_the_resource(world: World, au
 
 
 async def test_the_console_cannot_read_webhookproviders_itself(world: World) -> None:
-    token = request_token(world.api, world.system, CONSOLE_SA)
+    token = world.console_token()
     result = world.api.kubectl("get", "whp", "-A", token=token, check=False)
     assert result.returncode != 0 and "Forbidden" in result.stderr
 
@@ -257,7 +188,7 @@ async def test_in_a_pod_the_mounted_token_and_ca_are_used(world: World, tmp_path
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """What the kubelet mounts in the console's pod, and the `kubernetes` Service's variables."""
     (tmp_path / "ca.crt").write_bytes(world.api.ca_file.read_bytes())
-    (tmp_path / "token").write_text(request_token(world.api, world.system, CONSOLE_SA) + "\n")
+    (tmp_path / "token").write_text(world.console_token() + "\n")
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(world.api.port))
     monkeypatch.setenv("KUBECONFIG", "/nonexistent")  # must not be what is used
@@ -276,20 +207,13 @@ async def test_a_team_reads_only_its_own_providers_through_a_real_console(
     say it exists); team-a's replayer replays its own dead letter, and the resource gets the Event."""
     import aiohttp
 
-    from support.inbox import apply_provider, insert_events
-    from support.processes import console
+    from support.inbox import insert_events
 
-    for name, namespace, owner in world.providers:
-        apply_provider(database_url, name, 'signature: {scheme: none}\nhandler: "support.handlers:record_effect"')
-        if namespace is not None:
-            uid = str(kget(world.api, namespace, "whp", owner)["metadata"]["uid"])
-            await pool.execute("UPDATE hookline.providers SET managed_by = 'operator', owner_namespace = $2, "
-                               "owner_name = $3, owner_uid = $4 WHERE name = $1", name, namespace, owner, uid)
+    await world.store_providers(database_url, pool)
     [event_a] = await insert_events(pool, world.provider_a, 1)
     [event_b] = await insert_events(pool, world.provider_b, 1)
     await pool.execute("UPDATE hookline.inbox SET status = 'dead', attempts = 1 WHERE event_id = $1", event_a)
-    proc = console(database_url, log_dir, "--auth", "kubernetes",
-                   env={"KUBECONFIG": str(world.kubeconfig), "KUBERNETES_SERVICE_HOST": ""})
+    proc = world.start_console(database_url, log_dir)
     try:
         async with aiohttp.ClientSession(base_url=proc.url) as http:
             def as_(token: str) -> dict[str, str]:
