@@ -259,8 +259,8 @@ def test_a_short_token_or_a_bad_port_stops_it_with_one_line(database_url: str) -
 def test_a_csrf_key_file_that_holds_no_key_stops_it_with_one_line(database_url: str, tmp_path: Path) -> None:
     """Each message names the file and what is wrong, never the key itself."""
     cases = {
-        "short": ("s3cret-but-short\n".encode(), "is too short: give at least 32 characters"),
-        "spaced": ("correct horse battery staple and more words".encode(), "must be one line of printable"),
+        "short": (b"s3cret-but-short\n", "is too short: give at least 32 characters"),
+        "spaced": (b"correct horse battery staple and more words", "must be one line of printable"),
         "two-lines": (b"k" * 40 + b"\n" + b"k" * 40 + b"\n", "must be one line of printable"),
         "binary": (b"\xff\xfe" + b"k" * 40, "holds bytes other than ASCII"),
     }
