@@ -255,3 +255,25 @@ def test_a_short_token_or_a_bad_port_stops_it_with_one_line(database_url: str) -
         result = processes.hookline_cli(database_url, "console", *args, env=env)
         assert result.returncode == 2 and says in result.stderr, result
         assert len(result.stderr.strip().splitlines()) == 1 and "short" not in result.stdout
+
+
+def test_a_csrf_key_file_that_holds_no_key_stops_it_with_one_line(database_url: str, tmp_path: Path) -> None:
+    """Each message names the file and what is wrong, never the key itself."""
+    cases = {
+        "short": (b"s3cret-but-short\n", "is too short: give at least 32 characters"),
+        "spaced": (b"correct horse battery staple and more words", "must be one line of printable"),
+        "two-lines": (b"k" * 40 + b"\n" + b"k" * 40 + b"\n", "must be one line of printable"),
+        "binary": (b"\xff\xfe" + b"k" * 40, "holds bytes other than ASCII"),
+    }
+    for name, (content, says) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        result = processes.hookline_cli(database_url, "console",
+                                        env={"HOOKLINE_CONSOLE_CSRF_KEY_FILE": str(tmp_path / name)})
+        assert result.returncode == 2 and says in result.stderr and str(tmp_path / name) in result.stderr, result
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert content.decode(errors="replace").split()[0] not in result.stderr + result.stdout
+    missing = processes.hookline_cli(database_url, "console",
+                                     env={"HOOKLINE_CONSOLE_CSRF_KEY_FILE": str(tmp_path / "nowhere")})
+    assert missing.returncode == 2 and "cannot read" in missing.stderr, missing
+    audience = processes.hookline_cli(database_url, "console", "--audience", "hookline-console")
+    assert audience.returncode == 2 and "needs --auth kubernetes" in audience.stderr, audience

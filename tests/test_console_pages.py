@@ -3,14 +3,17 @@
 Events are stored as a hostile sender could have them stored (script tags in the body, the headers,
 the event type and the event id; a 5 MB string; bytes that are not UTF-8; JSON nested 10,000 deep)
 and every page must show them escaped, bounded and without a secret, under the strict CSP. A
-cookie-authenticated POST without its CSRF token is refused and replays nothing.
+cookie-authenticated POST without its CSRF token is refused and replays nothing; replicas that share
+the CSRF key (HOOKLINE_CONSOLE_CSRF_KEY_FILE) accept each other's forms, others refuse them.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack
+from pathlib import Path
 from urllib.parse import quote
 
 import aiohttp
@@ -25,7 +28,8 @@ from hookline.console.store import Store
 from hookline.core import db
 from hookline.core.embedded import free_port
 from support.inbox import apply_provider
-from support.processes import hookline_cli
+from support.processes import ServiceProcess, hookline_cli
+from support.processes import console as console_process
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -331,3 +335,54 @@ async def test_a_delivery_page_shows_its_attempts_escaped_and_replays_that_deliv
     assert told == [{"endpoints": {"partner": 1}}]
     assert await pool.fetchval("SELECT worker FROM hookline.attempts WHERE queue = 'deliveries' AND row_id = $1 "
                                "AND outcome = 'replayed'", delivery_id) == "console:console-token"
+
+
+# -- replicas: one CSRF key (real `hookline console` processes) ------------------------------------
+
+KEY_A = "a" * 24 + "0123456789abcdef0123456789abcdef"
+KEY_B = "b" * 24 + "0123456789abcdef0123456789abcdef"
+
+
+@pytest.fixture
+def replicas(database_url: str, log_dir: Path, tmp_path: Path) -> Iterator[tuple[ServiceProcess, ...]]:
+    """Three console processes on one database: two with key A (replicas of one Deployment), one with key B."""
+    files = {}
+    for name, key in (("a", KEY_A), ("b", KEY_B)):
+        files[name] = tmp_path / f"csrf-{name}"
+        files[name].write_text(key + "\n")
+    with ExitStack() as stack:
+        started = []
+        for name in ("a", "a", "b"):
+            proc = console_process(database_url, log_dir, env={"HOOKLINE_CONSOLE_TOKEN": TOKEN,
+                                                               "HOOKLINE_CONSOLE_CSRF_KEY_FILE": str(files[name])})
+            stack.callback(proc.stop)
+            started.append(proc)
+        yield tuple(started)
+        logs = "".join(proc.logs() for proc in started)
+    assert KEY_A not in logs and KEY_B not in logs and TOKEN not in logs
+
+
+async def test_replicas_with_one_csrf_key_accept_each_others_forms_and_others_refuse(
+        replicas: tuple[ServiceProcess, ...], database_url: str, pool: asyncpg.Pool) -> None:
+    first, second, other = replicas
+    apply_provider(database_url, "hostile", 'signature: {scheme: none}\nhandler: "support.handlers:always_fail"')
+    await store_event(pool, "evt_dead", b'{"data": {}}', status="dead")
+    async with session() as http:
+        async with http.get(first.url + "/dead-letters?provider=hostile") as response:
+            html = await response.text()
+            assert response.status == 200, html
+        match = re.search(r'name="csrf" value="([0-9a-f]{64})"', html)
+        assert match is not None
+        assert KEY_A not in html  # the key signs the field, never shows in it
+        form = {"provider": "hostile", "id": "evt_dead", "csrf": match.group(1)}
+        # The form one replica rendered, sent (as a browser behind a load balancer would) to another.
+        async with http.post(second.url + "/dead-letters/replay", data=form, allow_redirects=False) as response:
+            assert response.status == 200, await response.text()
+            assert "Replay 1 dead letter?" in await response.text()
+        async with http.post(other.url + "/dead-letters/replay", data=form, allow_redirects=False) as response:
+            assert response.status == 403, await response.text()
+        async with http.post(other.url + "/api/v1/dead-letters/replay", allow_redirects=False,
+                             json={"provider": "hostile", "ids": ["evt_dead"], "dry_run": True},
+                             headers={"X-Hookline-CSRF": match.group(1)}) as response:
+            assert response.status == 403
+    assert await pool.fetchval("SELECT status FROM hookline.inbox WHERE event_id = 'evt_dead'") == "dead"

@@ -1,6 +1,6 @@
 """The workers' connection budget: the sum over every worker Deployment the operator manages of
 replicas x connections per replica never passes what the chart leaves for workers
-(database.maxConnections minus receiver, relay, operator and migrations: HOOKLINE_WORKER_CONNECTION_BUDGET).
+(database.maxConnections minus receiver, relay, console, operator and migrations: HOOKLINE_WORKER_CONNECTION_BUDGET).
 
 Shared by all providers, so it is decided in Postgres (``hookline.worker_allocations``) under one
 lock, not in one timer's memory: every scaling decision records what its provider wants and has,

@@ -312,14 +312,21 @@ def configure_console_parser(subparsers: Subparsers) -> None:
         "  curl -H \"Authorization: Bearer $TOKEN\" -X POST -d '{\"filter\": {\"provider\": \"stripe\"}, "
         "\"dry_run\": true}' \\\n"
         "       http://127.0.0.1:8090/api/v1/dead-letters/replay    how many would be replayed\n"
-        "  hookline console --host 0.0.0.0 --auth kubernetes    in a cluster (the chart's console.enabled)\n",
+        "  hookline console --host 0.0.0.0 --auth kubernetes    in a cluster (the chart's console.enabled)\n"
+        "  hookline console --auth kubernetes --audience=hookline-console   only tokens made for the console\n",
         environment=ENVIRONMENT
-        + "  HOOKLINE_CONSOLE_TOKEN  the shared token of --auth token (at least 16 characters; else one is made)\n")
+        + "  HOOKLINE_CONSOLE_TOKEN  the shared token of --auth token (at least 16 characters; else one is made)\n"
+        "  HOOKLINE_CONSOLE_CSRF_KEY_FILE  a file with the key of the pages' CSRF tokens (at least 32\n"
+        "                          characters, e.g. `openssl rand -hex 32`), the same in every replica; unset: a\n"
+        "                          key made per process (fine for one; with several, a form fails on another)\n")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 in a container)")
     p.add_argument("--port", type=int, default=8090, help="port (default 8090)")
     p.add_argument("--auth", choices=("token", "kubernetes"), default="token",
                    help="who decides what a token may see: one shared token (default), or the Kubernetes API server")
+    p.add_argument("--audience", action="append", dest="audiences", metavar="AUDIENCE",
+                   help="--auth kubernetes: accept only tokens issued for this audience (repeatable: any of them; "
+                   "default: the API server's own), e.g. `kubectl create token NAME --audience=AUDIENCE`")
     p.add_argument("--statement-timeout", type=float, default=5.0, metavar="SECONDS",
                    help="the longest any one read may take (default 5)")
     _add_common(p)

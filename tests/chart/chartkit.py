@@ -105,6 +105,21 @@ def render(
             is_install=not upgrade,
             is_upgrade=upgrade,
         )
+    return _parse(out)
+
+
+def render_in_cluster(kubeconfig: Path, values: Obj | None = None, *, namespace: str = NAMESPACE,
+                      upgrade: bool = False) -> Rendered:
+    """As `render`, but `lookup` answers from the cluster ``kubeconfig`` names (what `helm install` or
+    `helm upgrade` would render there); nothing is created."""
+    merged = load_values(overrides=values)
+    with helm.Config(kubeconfig_path=kubeconfig, namespace=namespace) as config, helm.Chart.load(CHART) as chart:
+        out = config.render(chart, merged, name=RELEASE, namespace=namespace, revision=2 if upgrade else 1,
+                            is_install=not upgrade, is_upgrade=upgrade)
+    return _parse(out)
+
+
+def _parse(out: dict[str, str]) -> Rendered:
     objects: list[tuple[str, Obj]] = []
     notes = ""
     for template, text in sorted(out.items()):

@@ -1,20 +1,27 @@
 """The chart's console: off by default; when on, one Deployment running `hookline console` with the
 database like every process, its Service, an optional Ingress, and a ClusterRole that may only create
 TokenReviews, SubjectAccessReviews and Events (proven with `kubectl auth can-i` on a real API server).
-The authorizer itself runs as this role in tests/operator/test_console_kube.py."""
+Every replica reads one CSRF key from a Secret the chart makes once (and keeps, found with `lookup` on
+a real API server) or the user gives; audiences reach `--audience`. The authorizer itself runs as
+this role in tests/operator/test_console_kube.py."""
 
 from __future__ import annotations
 
+import base64
 import json
+from pathlib import Path
 
 import helm_python as helm
 import pytest
 from apiserver import ApiServer
-from chartkit import MINIMAL, Obj, Rendered, deep_merge, render, render_default, validate_values
+from chartkit import MINIMAL, Obj, Rendered, deep_merge, render, render_default, render_in_cluster, validate_values
 from operator_access import apply_objects, create_namespace
+
+from hookline.core.settings import CONSOLE_CSRF_KEY_FILE, console_csrf_key
 
 CONSOLE = deep_merge(MINIMAL, {"console": {"enabled": True}})
 NAME = "hookline-console"
+CSRF_SECRET = "hookline-console-csrf"
 
 # Exactly what console/kube.py calls.
 CONSOLE_RULES = [
@@ -117,6 +124,10 @@ def test_metrics_discovery_includes_the_console() -> None:
     {"console": {"replica": 2}},
     {"console": {"service": {"type": "External"}}},
     {"console": {"ingress": {"hosts": [{"host": "x", "paths": [{"path": "no-slash", "pathType": "Prefix"}]}]}}},
+    {"console": {"auth": {"audiences": "hookline-console"}}},
+    {"console": {"auth": {"audiences": [" padded"]}}},
+    {"console": {"csrf": {"existingSecret": "Not_A_Name"}}},
+    {"console": {"csrf": {"secretKey": ""}}},
 ])
 def test_the_values_schema_refuses_bad_console_values(bad: Obj) -> None:
     with pytest.raises(helm.HelmValuesError):
@@ -195,3 +206,61 @@ def test_the_notes_say_how_to_open_the_console_only_when_it_is_on() -> None:
     assert "port-forward service/hookline-console 8090:80" in notes and "kubectl create token" in notes
     published = render(deep_merge(CONSOLE, {"console": {"ingress": {"enabled": True, "tls": [{"hosts": ["x"]}]}}}))
     assert "https://hookline.example.com/" in published.notes
+
+
+# -- one CSRF key for every replica, audiences --------------------------------------------------
+
+
+def csrf_key_of(rendered: Rendered, secret: str = CSRF_SECRET) -> str:
+    data = rendered.one("Secret", secret)["data"]
+    return base64.b64decode(data["key"]).decode()
+
+
+def test_every_replica_reads_the_csrf_key_from_the_chart_secret(tmp_path: Path) -> None:
+    rendered = render(deep_merge(CONSOLE, {"console": {"replicas": 3}}))
+    console = container(rendered)
+    env = {e["name"]: e.get("value") for e in console["env"]}
+    path = Path(env[CONSOLE_CSRF_KEY_FILE])
+    (mount,) = [m for m in console["volumeMounts"] if m["mountPath"] == str(path.parent)]
+    assert mount["readOnly"] is True
+    volumes = {v["name"]: v for v in rendered.one("Deployment", NAME)["spec"]["template"]["spec"]["volumes"]}
+    secret = volumes[mount["name"]]["secret"]
+    assert secret["secretName"] == CSRF_SECRET
+    assert secret["items"] == [{"key": "key", "path": path.name}]
+    # What the chart makes is a key the console accepts (and not one fixed in the chart).
+    key = csrf_key_of(rendered)
+    (tmp_path / "key").write_text(key)
+    assert console_csrf_key({CONSOLE_CSRF_KEY_FILE: str(tmp_path / "key")}) == key.encode()
+    assert csrf_key_of(render(CONSOLE)) != key
+    # Never in the pod spec itself, nor in the NOTES.
+    assert key not in json.dumps(rendered.one("Deployment", NAME)) and key not in rendered.notes
+    assert rendered.find("Secret", CSRF_SECRET)[0]["metadata"]["labels"]["app.kubernetes.io/component"] == "console"
+    assert not render_default().find("Secret", CSRF_SECRET)
+
+
+def test_an_existing_csrf_secret_replaces_the_chart_one() -> None:
+    rendered = render(deep_merge(CONSOLE, {"console": {"csrf": {"existingSecret": "my-csrf", "secretKey": "k"}}}))
+    assert not rendered.find("Secret", CSRF_SECRET)
+    volumes = rendered.one("Deployment", NAME)["spec"]["template"]["spec"]["volumes"]
+    (secret,) = [v["secret"] for v in volumes if v["name"] == "console-csrf"]
+    assert secret["secretName"] == "my-csrf" and secret["items"] == [{"key": "k", "path": "key"}]
+
+
+@pytest.mark.k8s
+def test_the_chart_keeps_the_csrf_key_it_made_across_upgrades(chart_apiserver: ApiServer) -> None:
+    """`lookup` against a real API server: the first install makes a key, every later render (an
+    upgrade, more replicas) brings the same one back, so open forms keep working."""
+    namespace = create_namespace(chart_apiserver, "csrf")
+    first = render_in_cluster(chart_apiserver.kubeconfig, CONSOLE, namespace=namespace)
+    key = csrf_key_of(first)
+    assert csrf_key_of(render_in_cluster(chart_apiserver.kubeconfig, CONSOLE, namespace=namespace)) != key
+    apply_objects(chart_apiserver, first.find("Secret", CSRF_SECRET))
+    scaled = deep_merge(CONSOLE, {"console": {"replicas": 4}})
+    upgraded = render_in_cluster(chart_apiserver.kubeconfig, scaled, namespace=namespace, upgrade=True)
+    assert csrf_key_of(upgraded) == key
+
+
+def test_audiences_reach_the_console_as_flags() -> None:
+    rendered = render(deep_merge(CONSOLE, {"console": {"auth": {"audiences": ["hookline-console", "hookline-ui"]}}}))
+    assert container(rendered)["args"] == ["console", "--host=0.0.0.0", "--port=8090", "--auth=kubernetes",
+                                           "--audience=hookline-console", "--audience=hookline-ui"]

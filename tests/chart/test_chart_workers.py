@@ -150,13 +150,16 @@ MIGRATE_JOB = 1  # `hookline migrate` holds one connection of its own, no pool
 
 def fixed_connections(values: Obj) -> int:
     """database.maxConnections' documented sum, from the pool sizes the services really use: each
-    Deployment's replicas plus its one surge pod, times its pool; the operator's; the migrate Job's."""
+    Deployment's replicas plus its one surge pod, times its pool (the console's too, when it runs);
+    the operator's; the migrate Job's."""
     v = deep_merge(DEFAULTS, values)
     receiver, relay, autoscaling = v["receiver"], v["relay"], v["receiver"]["autoscaling"]
     receiver_pods = autoscaling["maxReplicas"] if autoscaling["enabled"] else receiver["replicas"]
     total = (receiver_pods + 1) * pools.receiver(receiver["dbConnections"])
     if relay["enabled"]:
         total += (relay["replicas"] + 1) * pools.relay(relay["concurrency"])
+    if v["console"]["enabled"]:
+        total += (v["console"]["replicas"] + 1) * pools.CONSOLE
     if v["operator"]["enabled"]:
         total += pools.OPERATOR
     if v["migrate"]["enabled"]:
@@ -186,6 +189,9 @@ ARITHMETIC_CASES = {
     "relay-above-cap": {"relay": {"replicas": 0, "concurrency": 17}},
     "relay-one": {"relay": {"concurrency": 1}},
     "no-relay": {"relay": {"enabled": False}},
+    "console": {"console": {"enabled": True}},
+    "console-replicas": {"console": {"enabled": True, "replicas": 3}},
+    "console-none": {"console": {"enabled": True, "replicas": 0}},
     "no-operator": {"operator": {"enabled": False}},
     "no-migrate": {"migrate": {"enabled": False}},
     "small-workers": {"worker": {"concurrency": 1}},
@@ -246,6 +252,26 @@ def test_a_budget_that_leaves_no_worker_pod_fails_the_install() -> None:
     with pytest.raises(helm.HelmError, match=rf"maxConnections={enough - 1} leaves no room for a worker pod.*"
                                              rf"may hold {fixed} connections"):
         render(deep_merge(MINIMAL, {"database": {"maxConnections": enough - 1}}))
+
+
+def test_the_console_counts_against_the_budget_and_a_tight_one_fails_the_install() -> None:
+    """What fits without the console no longer does with it: each console pod, and its surge pod,
+    holds the pool `hookline console` opens (console/service.py POOL_CONNECTIONS)."""
+    from hookline.console.service import POOL_CONNECTIONS
+
+    assert POOL_CONNECTIONS == pools.CONSOLE
+    console = {"console": {"enabled": True, "replicas": 2}}
+    fixed = fixed_connections({})
+    assert fixed_connections(console) == fixed + 3 * POOL_CONNECTIONS
+    enough = fixed + pools.worker(16)
+    render(deep_merge(MINIMAL, {"database": {"maxConnections": enough}}))
+    with pytest.raises(helm.HelmError, match=rf"maxConnections={enough} leaves no room for a worker pod: receiver, "
+                                             rf"relay, console, operator and migrations may hold "
+                                             rf"{fixed + 3 * POOL_CONNECTIONS} connections"):
+        render(deep_merge(MINIMAL, deep_merge(console, {"database": {"maxConnections": enough}})))
+    roomy = enough + 3 * POOL_CONNECTIONS
+    rendered = render(deep_merge(MINIMAL, deep_merge(console, {"database": {"maxConnections": roomy}})))
+    assert int(operator_env(rendered)["HOOKLINE_WORKER_CONNECTION_BUDGET"]) == pools.worker(16)
 
 
 # -- handler modules ---------------------------------------------------------------------------

@@ -80,16 +80,47 @@ async def test_tokens_the_api_server_does_not_accept_get_nothing(
         assert await authorizer.authorize_for(token, world.providers) is None
 
 
+def token_for(world: World, audience: str) -> str:
+    """team-a's reader's token, issued for ``audience`` only."""
+    return world.api.kubectl("create", "token", "reader", "-n", world.team_a, f"--audience={audience}").stdout.strip()
+
+
 async def test_an_audience_the_token_was_not_issued_for_is_refused(world: World, as_console: None) -> None:
+    meant = token_for(world, "hookline-console")
     strict = KubernetesAuthorizer(audiences=["hookline-console"])
+    elsewhere = KubernetesAuthorizer(audiences=["another-service"])
+    default = KubernetesAuthorizer()  # the API server's own audiences
     try:
         assert await strict.authorize_for(world.reader, world.providers) is None
-        meant = world.api.kubectl("create", "token", "reader", "-n", world.team_a,
-                                  "--audience=hookline-console").stdout.strip()
         access = await strict.authorize_for(meant, world.providers)
         assert access is not None and access.read == {world.provider_a}
+        assert await elsewhere.authorize_for(meant, world.providers) is None
+        assert await default.authorize_for(meant, world.providers) is None
     finally:
-        await strict.close()
+        for authorizer in (strict, elsewhere, default):
+            await authorizer.close()
+
+
+async def test_a_console_with_audience_flags_accepts_only_tokens_issued_for_one_of_them(
+        world: World, database_url: str, log_dir: Path) -> None:
+    """``hookline console --auth kubernetes --audience X --audience Y``: the flags reach the TokenReview."""
+    import aiohttp
+
+    from support.processes import console
+
+    meant, also, other = (token_for(world, a) for a in ("hookline-console", "hookline-ui", "another-service"))
+    proc = console(database_url, log_dir, "--auth", "kubernetes", "--audience", "hookline-console",
+                   "--audience", "hookline-ui",
+                   env={"KUBECONFIG": str(world.kubeconfig), "KUBERNETES_SERVICE_HOST": ""})
+    try:
+        async with aiohttp.ClientSession(base_url=proc.url) as http:
+            for token, status in ((meant, 200), (also, 200), (other, 401), (world.reader, 401)):
+                async with http.get("/api/v1/providers", headers={"Authorization": f"Bearer {token}"}) as answer:
+                    assert answer.status == status, (status, await answer.text())
+        logs = proc.logs()
+        assert all(token not in logs for token in (meant, also, other, world.reader))
+    finally:
+        proc.stop()
 
 
 async def test_authorize_reads_the_providers_from_the_source(world: World, as_console: None) -> None:

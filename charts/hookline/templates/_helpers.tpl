@@ -108,6 +108,11 @@ checksum/secret-keys: {{ .Values.secretsAtRest.keys | toJson | sha256sum }}
         path: keys
 {{- end }}
 
+{{/* The Secret holding the console's CSRF key (values console.csrf). */}}
+{{- define "hookline.consoleCsrfSecretName" -}}
+{{- .Values.console.csrf.existingSecret | default (include "hookline.componentName" (dict "ctx" . "component" "console-csrf")) }}
+{{- end }}
+
 {{/* The database password file (values database.passwordFile), when set: the receiver, relay, operator
 and migrate Job read it at each new connection; worker pods never get it (they log in as their own role). */}}
 {{- define "hookline.databasePasswordEnv" -}}
@@ -428,6 +433,7 @@ receiverExtra: 2   {{- /* pools.RECEIVER_EXTRA */}}
 relayCap: 16       {{- /* pools.RELAY_CAP */}}
 relayExtra: 4      {{- /* pools.RELAY_EXTRA */}}
 operator: 5        {{- /* pools.OPERATOR */}}
+console: 6         {{- /* pools.CONSOLE */}}
 migrateJob: 1      {{- /* hookline migrate: one connection, no pool */}}
 workerExtra: 5     {{- /* pools.WORKER_EXTRA */}}
 {{- end }}
@@ -442,6 +448,9 @@ sum): each Deployment's replicas plus its one surge pod, times what one pod hold
 {{- if .Values.relay.enabled }}
 {{- $relayPod := add (min (int .Values.relay.concurrency) $pools.relayCap) $pools.relayExtra -}}
 {{- $total = add $total (mul (add1 (int .Values.relay.replicas)) $relayPod) -}}
+{{- end }}
+{{- if .Values.console.enabled }}
+{{- $total = add $total (mul (add1 (int .Values.console.replicas)) $pools.console) -}}
 {{- end }}
 {{- if .Values.operator.enabled }}
 {{- $total = add $total $pools.operator -}}
@@ -458,7 +467,7 @@ sum): each Deployment's replicas plus its one surge pod, times what one pod hold
 {{- $fixed := int (include "hookline.fixedConnections" .) -}}
 {{- $perWorker := add (int .Values.worker.concurrency) (include "hookline.pools" . | fromYaml).workerExtra -}}
 {{- if lt (sub $max $fixed) $perWorker }}
-{{- fail (printf "database.maxConnections=%d leaves no room for a worker pod: receiver, relay, operator and migrations may hold %d connections, and one worker pod needs %d (worker.concurrency + 5); raise database.maxConnections or lower the replicas or pool sizes" $max $fixed $perWorker) }}
+{{- fail (printf "database.maxConnections=%d leaves no room for a worker pod: receiver, relay, console, operator and migrations may hold %d connections, and one worker pod needs %d (worker.concurrency + 5); raise database.maxConnections or lower the replicas or pool sizes" $max $fixed $perWorker) }}
 {{- end }}
 {{- sub $max $fixed -}}
 {{- end }}

@@ -4,13 +4,12 @@ errors as problem+json, security headers, request metrics, and authentication.
 
 Authentication: the token comes from ``Authorization: Bearer`` or the ``hookline_console`` session
 cookie (set by the pages' login form). A state change authenticated by the cookie must also prove
-it comes from a page of ours (CSRF): the app key ``CSRF_CHECK_KEY`` holds that check; until the
-pages replace it, such a POST needs the header ``X-Hookline-CSRF`` equal to the cookie's token.
-The ops routes and /api/openapi.json need no token."""
+it comes from a page of ours (CSRF): pages.py's ``header_csrf_check``, with the key ``csrf_key``
+(shared by every replica; None: one made per process). The ops routes and /api/openapi.json need
+no token."""
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import time
@@ -23,24 +22,19 @@ from aiohttp import web
 
 from hookline.console import api, problems
 from hookline.console.access import Authorizer
-from hookline.console.pages import add_pages
+from hookline.console.pages import SESSION_COOKIE, add_pages, header_csrf_check
 from hookline.console.store import Store
 from hookline.core import http, metrics
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-SESSION_COOKIE = "hookline_console"
-CSRF_HEADER = "X-Hookline-CSRF"
 OPENAPI_PATH = "/api/openapi.json"
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", OPENAPI_PATH})
 # Paths anyone may ask for without a token (the pages' login form and its static files, say);
 # pages.py adds to it.
 PUBLIC_PREFIXES_KEY: web.AppKey[list[str]] = web.AppKey("public_prefixes", list)
 AUTHORIZER_KEY: web.AppKey[Authorizer] = web.AppKey("authorizer", object)  # type: ignore[arg-type]
-# (request, the session's token) -> whether a cookie-authenticated state change is allowed.
-CsrfCheck = Callable[[web.Request, str], bool]
-CSRF_CHECK_KEY: web.AppKey[CsrfCheck] = web.AppKey("csrf_check", object)  # type: ignore[arg-type]
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
@@ -49,11 +43,6 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
-
-
-def header_csrf_check(request: web.Request, token: str) -> bool:
-    """The default check: the page sent the session's token back in a header no other site can set."""
-    return hmac.compare_digest(request.headers.get(CSRF_HEADER, "").encode(), token.encode())
 
 
 def openapi_document() -> dict[str, Any]:
@@ -121,7 +110,7 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
     access = await request.app[AUTHORIZER_KEY].authorize(token)
     if access is None:
         raise problems.unauthorized("the token is not valid (or has expired)")
-    if from_cookie and request.method not in SAFE_METHODS and not request.app[CSRF_CHECK_KEY](request, token):
+    if from_cookie and request.method not in SAFE_METHODS and not header_csrf_check(request, token):
         raise problems.forbidden("a change made with the session cookie needs the page's CSRF token")
     request[api.ACCESS_KEY] = access
     return await handler(request)
@@ -138,16 +127,16 @@ async def openapi(_: web.Request) -> web.Response:
 
 
 def create_app(store: Store, authorizer: Authorizer, pool: asyncpg.Pool | None = None, *,
-               csrf_check: CsrfCheck = header_csrf_check) -> web.Application:
-    """The console's application; ``pool`` (default the store's) answers /readyz."""
+               csrf_key: bytes | None = None) -> web.Application:
+    """The console's application; ``pool`` (default the store's) answers /readyz; ``csrf_key`` signs
+    the pages' CSRF tokens (None: a random key of this process's)."""
     app = web.Application(middlewares=[request_metrics, security_headers, errors, authenticate,
                                        api.store_errors], client_max_size=api.MAX_BODY_BYTES)
     app[api.STORE_KEY] = store
     app[AUTHORIZER_KEY] = authorizer
-    app[CSRF_CHECK_KEY] = csrf_check
     app[PUBLIC_PREFIXES_KEY] = []
     http.add_ops_routes(app, pool or store.pool)
     app.router.add_get(OPENAPI_PATH, openapi)
     api.add_routes(app)
-    add_pages(app, store, authorizer)  # the web pages, their templates and /static/ (pages.py)
+    add_pages(app, store, authorizer, csrf_key)  # the web pages, their templates and /static/ (pages.py)
     return app

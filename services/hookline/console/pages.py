@@ -139,7 +139,7 @@ def _session_token(request: web.Request) -> tuple[str | None, bool]:
 
 def header_csrf_check(request: web.Request, token: str) -> bool:
     """The app's check of a cookie-authenticated change, before any handler runs (app.py's
-    ``CSRF_CHECK_KEY``): the session's CSRF token in the header ``X-Hookline-CSRF``. The pages' own
+    ``authenticate``): the session's CSRF token in the header ``X-Hookline-CSRF``. The pages' own
     POST routes carry it in a form field, which only their handler can read: each checks it first
     (``csrf_check``)."""
     if request.match_info.route.name in FORM_POSTS:
@@ -454,17 +454,18 @@ async def logout(request: web.Request) -> web.StreamResponse:
     raise response
 
 
-def add_pages(app: web.Application, store: Store, authorizer: Authorizer) -> None:
+def add_pages(app: web.Application, store: Store, authorizer: Authorizer, csrf_key: bytes | None = None) -> None:
     """The page routes, their templates and /static/ on the console app (``app.create_app``), whose
-    middleware authenticates every page but the login form's and checks CSRF with ours."""
+    middleware authenticates every page but the login form's and checks CSRF with ours. ``csrf_key``
+    signs the CSRF tokens: the same in every replica, or a form one rendered fails on another."""
     from hookline.console import app as console_app  # here: app.py imports this module
 
     app[console_app.PUBLIC_PREFIXES_KEY].extend(PUBLIC_PREFIXES)
-    app[console_app.CSRF_CHECK_KEY] = header_csrf_check
     app.middlewares.insert(0, login_redirect)
     app[STORE_KEY] = store
     app[AUTHORIZER_KEY] = authorizer
-    app[CSRF_SECRET_KEY] = secrets.token_bytes(32)  # per process: a restart expires open forms
+    # Without a shared key, one per process: a restart expires open forms.
+    app[CSRF_SECRET_KEY] = csrf_key if csrf_key is not None else secrets.token_bytes(32)
     aiohttp_jinja2.setup(app, loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                          undefined=jinja2.ChainableUndefined)
     app.router.add_get("/", providers_page, name="providers")

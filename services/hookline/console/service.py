@@ -19,7 +19,7 @@ from aiohttp import web
 from hookline.console.access import Access, Authorizer, TokenAuthorizer
 from hookline.console.app import create_app
 from hookline.console.store import Store
-from hookline.core import http
+from hookline.core import http, pools
 from hookline.core.config import ConfigError
 from hookline.core.host import Connections, Wiring
 from hookline.core.maintenance import Job
@@ -27,7 +27,7 @@ from hookline.core.settings import ConsoleSettings, Settings
 
 log = logging.getLogger(__name__)
 
-POOL_CONNECTIONS = 6  # reads are short and bounded by the statement timeout
+POOL_CONNECTIONS = pools.CONSOLE  # the chart's database.maxConnections counts it per replica
 
 
 class ConsoleUnavailable(ConfigError):
@@ -42,7 +42,7 @@ def authorizer_for(settings: ConsoleSettings) -> Authorizer:
     except ModuleNotFoundError as exc:
         raise ConsoleUnavailable(f"--auth kubernetes needs hookline.console.kube ({exc.name} is missing): "
                                  "pip install 'hookline[operator]', or use --auth token") from None
-    authorizer: Authorizer = kube.KubernetesAuthorizer()
+    authorizer: Authorizer = kube.KubernetesAuthorizer(audiences=settings.audiences)
     return authorizer
 
 
@@ -54,7 +54,7 @@ class Console:
         self.settings = settings
         self.authorizer = authorizer or authorizer_for(settings)
         self.store = Store(pool, statement_timeout=settings.statement_timeout)
-        self.app = create_app(self.store, self.authorizer, pool)
+        self.app = create_app(self.store, self.authorizer, pool, csrf_key=settings.csrf_key)
         if hasattr(self.authorizer, "record_replay"):  # Kubernetes: who may see what comes from the providers
             self.authorizer.provider_source = self._owners  # type: ignore[attr-defined]
             self.store.replay_hooks.append(self._record_replay)
@@ -99,7 +99,9 @@ class Console:
         if problem is not None:
             raise ConsoleUnavailable(problem)
         self._runner = await http.serve(self.app, self.settings.host, self.settings.port)
-        log.info("console started", extra={"url": self.url, "auth": self.settings.auth})
+        # Whether other replicas exist is not knowable here: the chart always gives a shared key.
+        log.info("console started", extra={"url": self.url, "auth": self.settings.auth,
+                                           "csrf_key": "shared" if self.settings.csrf_key else "per-process"})
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -18,6 +18,7 @@ RELAY_CAP, RELAY_EXTRA = 16, 4
 # transaction, the heartbeat must still get one, or long handlers lose their leases.
 WORKER_EXTRA = 5
 OPERATOR = 5  # its pool and, outside it, the maintenance leader's lock
+CONSOLE = 6  # `hookline console`: its pool (short reads bounded by the statement timeout) and its LISTEN
 
 
 def pool_size(total: int, *, locks: int = 0) -> int:

@@ -370,20 +370,29 @@ class RelaySettings:
 
 
 CONSOLE_TOKEN = "HOOKLINE_CONSOLE_TOKEN"
+CONSOLE_CSRF_KEY_FILE = "HOOKLINE_CONSOLE_CSRF_KEY_FILE"
 CONSOLE_AUTH_MODES = ("token", "kubernetes")
+MIN_CSRF_KEY_CHARS = 32
+# What `openssl rand -hex|-base64` and Helm's randAlphaNum write: a file holding anything else (a
+# space, a second line, binary) is more likely the wrong file than a key.
+CSRF_KEY_PATTERN = re.compile(r"[!-~]+")
 
 
 @dataclass(frozen=True)
 class ConsoleSettings:
     """``hookline console``: where it listens, who decides access (``token``: one shared token,
     HOOKLINE_CONSOLE_TOKEN or generated at start; ``kubernetes``: TokenReview and
-    SubjectAccessReview), and the statement timeout of every read (seconds)."""
+    SubjectAccessReview, for tokens issued for one of ``audiences``), the statement timeout of every
+    read (seconds), and the key of the pages' CSRF tokens (HOOKLINE_CONSOLE_CSRF_KEY_FILE)."""
 
     host: str = "127.0.0.1"
     port: int = 8090
     auth: str = "token"
     token: str | None = field(default=None, repr=False)  # never in a log line
     statement_timeout: float = 5.0
+    # The pages' CSRF key, shared by every replica (None: a random one per process); never logged.
+    csrf_key: bytes | None = field(default=None, repr=False)
+    audiences: tuple[str, ...] = ()  # --auth kubernetes: what a token must be issued for (empty: the API server's)
 
 
 @dataclass(frozen=True)
@@ -524,8 +533,40 @@ def console_settings(args: argparse.Namespace, environ: Environ) -> ConsoleSetti
     token = environ.get(CONSOLE_TOKEN, "").strip() or None
     if token is not None and len(token) < 16:
         raise ConfigError(f"{CONSOLE_TOKEN} is too short to guard anything: give at least 16 characters")
+    audiences = tuple(args.audiences or ())
+    if audiences and args.auth != "kubernetes":
+        raise ConfigError("--audience is what a Kubernetes token must be issued for: it needs --auth kubernetes")
+    if any(not audience.strip() or audience != audience.strip() for audience in audiences):
+        raise ConfigError("--audience must not be empty nor start or end with whitespace")
     return ConsoleSettings(host=args.host, port=args.port, auth=args.auth, token=token,
-                           statement_timeout=args.statement_timeout)
+                           statement_timeout=args.statement_timeout, csrf_key=console_csrf_key(environ),
+                           audiences=audiences)
+
+
+def console_csrf_key(environ: Environ = os.environ) -> bytes | None:
+    """HOOKLINE_CONSOLE_CSRF_KEY_FILE: the key every replica signs the pages' CSRF tokens with, so that
+    a form one replica rendered is accepted by another; None when unset (a key made per process). The
+    file holds at least 32 printable ASCII characters without spaces (one trailing newline allowed).
+    Read once, at start; errors name the file, never its content."""
+    configured = environ.get(CONSOLE_CSRF_KEY_FILE, "").strip()
+    if not configured:
+        return None
+    path = Path(configured)
+    try:
+        text = path.read_bytes().decode("ascii")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{CONSOLE_CSRF_KEY_FILE}: {path} is not a key: it holds bytes other than ASCII "
+                          "(make one with `openssl rand -hex 32`)") from None
+    except OSError as exc:
+        raise ConfigError(f"{CONSOLE_CSRF_KEY_FILE}: cannot read {path}: {exc.strerror or exc}") from None
+    key = text.removesuffix("\n").removesuffix("\r")
+    if len(key) < MIN_CSRF_KEY_CHARS:
+        raise ConfigError(f"{CONSOLE_CSRF_KEY_FILE}: the key in {path} is too short: give at least "
+                          f"{MIN_CSRF_KEY_CHARS} characters (`openssl rand -hex 32`)")
+    if not CSRF_KEY_PATTERN.fullmatch(key):
+        raise ConfigError(f"{CONSOLE_CSRF_KEY_FILE}: {path} is not a key: it must be one line of printable "
+                          "characters without spaces (make one with `openssl rand -hex 32`)")
+    return key.encode()
 
 
 def log_settings(args: argparse.Namespace, terminal: bool) -> LogSettings:
