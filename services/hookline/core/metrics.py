@@ -185,13 +185,15 @@ def forget_endpoint(name: str) -> None:
     _declared_endpoints.discard(name)
 
 
-def sync_endpoints(names: set[str]) -> None:
+def sync_endpoints(names: set[str]) -> set[str]:
     """Declare the endpoints of ``names`` not declared yet and forget the declared ones no longer in it;
-    nothing to do (a set difference) when the endpoints did not change."""
-    for name in names - _declared_endpoints:
+    nothing to do (a set difference) when the endpoints did not change. Returns the newly declared."""
+    new = names - _declared_endpoints
+    for name in new:
         declare_endpoint(name)
     for name in _declared_endpoints - names:
         forget_endpoint(name)
+    return new
 
 
 def endpoint_declared(name: str) -> bool:

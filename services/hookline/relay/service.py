@@ -278,7 +278,9 @@ class Relay(LeasedConsumer):
     async def _refresh_endpoints(self) -> None:
         self._endpoints = {e.name: e for e in await endpoints_mod.load(self.pool)}
         self._endpoints_loaded = time.monotonic()
-        metrics.sync_endpoints(set(self._endpoints))  # a new endpoint's series at 0, a deleted one's gone
+        # A new endpoint's series at 0 (its state as loaded: it may be disabled), a deleted one's gone.
+        for name in metrics.sync_endpoints(set(self._endpoints)):
+            self._publish_state(self._endpoints[name])
 
     def _breaker_open(self, endpoint: Endpoint) -> bool:
         """Open or half-open: only probes go through."""
@@ -509,7 +511,11 @@ class Relay(LeasedConsumer):
             metrics.outbox_suspects.labels(name).set(s.suspects if s else 0)
             metrics.outbox_oldest_undelivered.labels(name).set(float(a["seconds"]) if a else 0)
             metrics.outbox_parked.labels(name).set(int(a["parked"]) if a else 0)
-            state = endpoint.circuit.state
-            metrics.relay_circuit_state.labels(name).set(breaker.STATE_VALUE[state])
-            metrics.relay_circuit_open.labels(name).set(int(state is not CircuitState.CLOSED))
-            metrics.outbox_endpoint_disabled.labels(name).set(int(not endpoint.enabled))
+            self._publish_state(endpoint)
+
+    def _publish_state(self, endpoint: Endpoint) -> None:
+        """The gauges of the endpoint's circuit and of whether it is disabled, as this relay sees them."""
+        state = endpoint.circuit.state
+        metrics.relay_circuit_state.labels(endpoint.name).set(breaker.STATE_VALUE[state])
+        metrics.relay_circuit_open.labels(endpoint.name).set(int(state is not CircuitState.CLOSED))
+        metrics.outbox_endpoint_disabled.labels(endpoint.name).set(int(not endpoint.enabled))
