@@ -19,7 +19,7 @@ M = TypeVar("M", bound=MetricWrapperBase)
 def child(metric: M, *labels: str) -> M:
     """``metric.labels(*labels)``, looked up once per label set: the receiver and the relay count per
     event, and ``labels`` validates, locks and hashes every time. Only for label sets of bounded number
-    (providers, endpoints, outcomes), and never for a metric whose children are removed."""
+    (providers, endpoints, outcomes); ``forget_endpoint`` empties the cache, whose children it removes."""
     return metric.labels(*labels)
 
 
@@ -152,6 +152,53 @@ outbox_endpoint_disabled = Gauge(
     "1 while the endpoint is disabled (it answered 410 Gone, or an operator disabled it); its deliveries are parked.",
     ["endpoint"],
 )
+
+# The label values every endpoint's series are declared with: core/delivery.py's Outcome and
+# relay/breaker.py's CircuitState (tests/test_relay_metrics.py keeps them equal).
+DELIVERY_RESULTS = ("delivered", "server_error", "rate_limited", "client_error", "no_response", "blocked", "gone")
+CIRCUIT_STATES = ("closed", "open", "half_open")
+_PER_ENDPOINT = (relay_dead, relay_latency, outbox_backlog, outbox_oldest_undelivered, outbox_dead, outbox_suspects,
+                 outbox_parked, relay_circuit_open, relay_circuit_state, outbox_endpoint_disabled)
+_declared_endpoints: set[str] = set()
+
+
+def _endpoint_label_sets(name: str) -> list[tuple[MetricWrapperBase, tuple[str, ...]]]:
+    """Every series of one endpoint: the one place that knows them."""
+    return ([(relay_deliveries, (name, result)) for result in DELIVERY_RESULTS]
+            + [(relay_circuit_transitions, (name, to)) for to in CIRCUIT_STATES]
+            + [(metric, (name,)) for metric in _PER_ENDPOINT])
+
+
+def declare_endpoint(name: str) -> None:
+    """Create every series of endpoint ``name`` at 0, so that dashboards and alerts see 0 rather than no
+    data while nothing went wrong. A series that exists already keeps its value (counters stay counters)."""
+    for metric, labels in _endpoint_label_sets(name):
+        metric.labels(*labels)
+    _declared_endpoints.add(name)
+
+
+def forget_endpoint(name: str) -> None:
+    """Remove every series of endpoint ``name`` (it was deleted): no stale series stays behind."""
+    for metric, labels in _endpoint_label_sets(name):
+        metric.remove(*labels)
+    child.cache_clear()  # it may hold the removed children; counting into them would be lost
+    _declared_endpoints.discard(name)
+
+
+def sync_endpoints(names: set[str]) -> set[str]:
+    """Declare the endpoints of ``names`` not declared yet and forget the declared ones no longer in it;
+    nothing to do (a set difference) when the endpoints did not change. Returns the newly declared."""
+    new = names - _declared_endpoints
+    for name in new:
+        declare_endpoint(name)
+    for name in _declared_endpoints - names:
+        forget_endpoint(name)
+    return new
+
+
+def endpoint_declared(name: str) -> bool:
+    return name in _declared_endpoints
+
 
 operator_dependency_up = Gauge(
     "hookline_operator_dependency_up",

@@ -278,6 +278,9 @@ class Relay(LeasedConsumer):
     async def _refresh_endpoints(self) -> None:
         self._endpoints = {e.name: e for e in await endpoints_mod.load(self.pool)}
         self._endpoints_loaded = time.monotonic()
+        # A new endpoint's series at 0 (its state as loaded: it may be disabled), a deleted one's gone.
+        for name in metrics.sync_endpoints(set(self._endpoints)):
+            self._publish_state(self._endpoints[name])
 
     def _breaker_open(self, endpoint: Endpoint) -> bool:
         """Open or half-open: only probes go through."""
@@ -427,9 +430,10 @@ class Relay(LeasedConsumer):
                                "hookline.attempt": claimed.attempts}) as traceparent:
                 result = await self._post(claimed, traceparent)
         outcome = delivery.classify(result)  # every outcome but gone is retried, client errors included
-        metrics.child(metrics.relay_deliveries, endpoint.name, outcome).inc()
-        if result.status is not None:
-            metrics.child(metrics.relay_latency, endpoint.name).observe(result.latency)
+        if metrics.endpoint_declared(endpoint.name):  # not deleted while this attempt was out: no stale series
+            metrics.child(metrics.relay_deliveries, endpoint.name, outcome).inc()
+            if result.status is not None:
+                metrics.child(metrics.relay_latency, endpoint.name).observe(result.latency)
         if outcome is Outcome.GONE:  # disables the endpoint; not a count for its circuit
             await self._disable(claimed, result)
             return
@@ -498,15 +502,20 @@ class Relay(LeasedConsumer):
     async def refresh_stats(self) -> None:
         stats = await OUTBOX.stats(self.pool)
         ages = {r["endpoint"]: r for r in await self.pool.fetch(outbox.query("undelivered_age"))}
-        for name in set(stats) | set(ages) | set(self._endpoints):
+        # The endpoints whose series are declared (metrics.sync_endpoints); one added since the last
+        # endpoint refresh is there at the next tick.
+        for name, endpoint in self._endpoints.items():
             s, a = stats.get(name), ages.get(name)
             metrics.outbox_backlog.labels(name).set(s.pending if s else 0)
             metrics.outbox_dead.labels(name).set(s.dead if s else 0)
             metrics.outbox_suspects.labels(name).set(s.suspects if s else 0)
             metrics.outbox_oldest_undelivered.labels(name).set(float(a["seconds"]) if a else 0)
             metrics.outbox_parked.labels(name).set(int(a["parked"]) if a else 0)
-            endpoint = self._endpoints.get(name)
-            state = endpoint.circuit.state if endpoint is not None else CircuitState.CLOSED
-            metrics.relay_circuit_state.labels(name).set(breaker.STATE_VALUE[state])
-            metrics.relay_circuit_open.labels(name).set(int(state is not CircuitState.CLOSED))
-            metrics.outbox_endpoint_disabled.labels(name).set(int(endpoint is not None and not endpoint.enabled))
+            self._publish_state(endpoint)
+
+    def _publish_state(self, endpoint: Endpoint) -> None:
+        """The gauges of the endpoint's circuit and of whether it is disabled, as this relay sees them."""
+        state = endpoint.circuit.state
+        metrics.relay_circuit_state.labels(endpoint.name).set(breaker.STATE_VALUE[state])
+        metrics.relay_circuit_open.labels(endpoint.name).set(int(state is not CircuitState.CLOSED))
+        metrics.outbox_endpoint_disabled.labels(endpoint.name).set(int(not endpoint.enabled))
