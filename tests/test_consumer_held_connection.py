@@ -70,5 +70,7 @@ async def test_a_kept_connection_the_server_ended_is_replaced_before_the_next_st
         assert await pool.fetchval("SELECT pg_terminate_backend($1)", before["pid"])
         await eventually(lambda: pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
                                                before["pid"]), equals=0)
+        await eventually(lambda: held.lost)  # the client reads the server's goodbye a moment later
         [after] = await held.fetch(BACKEND)
         assert after["pid"] != before["pid"] and held.held
+

@@ -312,10 +312,16 @@ class HeldConnection:
     def held(self) -> bool:
         return self._conn is not None
 
+    @property
+    def lost(self) -> bool:
+        """Whether the kept connection was ended by the server (a failover) and is not replaced yet.
+        The server's goodbye reaches the client a moment after the backend is gone."""
+        return self._conn is not None and db.connection_lost(self._conn)
+
     async def run(self, statement: Callable[[asyncpg.pool.PoolConnectionProxy], Awaitable[T]]) -> T:
         """``statement`` on the kept connection (taken from the pool if none is kept). It goes back when
         the statement fails, and after it when the pool has no other connection left."""
-        if self._conn is not None and db.connection_lost(self._conn):
+        if self.lost:
             await self.release()  # the server ended it while kept (a failover): the pool replaces it
         if self._conn is None:
             self._conn = await self._pool.acquire()
