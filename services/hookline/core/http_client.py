@@ -329,6 +329,31 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+class _ProxyHandshake(asyncio.Protocol):
+    """The proxy's answer to CONNECT: its head (up to the blank line) in ``answer``, and any bytes after it."""
+
+    def __init__(self) -> None:
+        self.answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.extra = b""
+        self._buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        if self.answer.done():
+            self.extra += data
+            return
+        self._buffer += data
+        head, found, rest = self._buffer.partition(b"\r\n\r\n")
+        if found:
+            self.answer.set_result(head)
+            self.extra = rest
+        elif len(self._buffer) > MAX_HEAD_BYTES:
+            self.answer.set_exception(ProxyError("its answer to CONNECT has headers too long"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.answer.done():
+            self.answer.set_exception(ProxyError("it closed the connection without answering CONNECT"))
+
+
 def _public_only(host: str, infos: list[_AddrInfo]) -> list[_AddrInfo]:
     """The resolved addresses outgoing webhooks may reach; BlockedAddress when there is none."""
     public = [info for info in infos if not is_internal(str(info[4][0]))]
@@ -495,18 +520,13 @@ class WebhookClient:
         if proxy.authorization is not None:
             head += f"Proxy-Authorization: {proxy.authorization}\r\n"
         try:
-            reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+            transport, handshake = await loop.create_connection(_ProxyHandshake, proxy.host, proxy.port)
         except OSError as exc:
             raise ProxyError(f"cannot connect to {proxy.host}:{proxy.port} "
                              f"({type(exc).__name__}: {exc.strerror or exc})") from None
         try:
-            writer.write((head + "\r\n").encode("latin-1"))
-            try:
-                answer = await reader.readuntil(b"\r\n\r\n")
-            except asyncio.LimitOverrunError:
-                raise ProxyError("its answer to CONNECT has headers too long") from None
-            except (asyncio.IncompleteReadError, OSError):
-                raise ProxyError(f"{proxy.host}:{proxy.port} closed the connection without answering CONNECT") from None
+            transport.write((head + "\r\n").encode("latin-1"))
+            answer = await handshake.answer
             status_line = answer.split(b"\r\n", 1)[0].decode("latin-1", "replace")
             parts = status_line.split(" ", 2)
             if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
@@ -514,9 +534,8 @@ class WebhookClient:
             if not 200 <= int(parts[1]) < 300:
                 raise ProxyError(f"{proxy.host}:{proxy.port} refused the tunnel to {host}:{port}: "
                                  f"{status_line[len(parts[0]) + 1:][:80]}")
-            if reader._buffer:  # type: ignore[attr-defined]  # bytes of the target before our request: not HTTP
+            if handshake.extra:  # the target spoke before our request: what follows can't be trusted
                 raise ProxyError("bytes followed its answer to CONNECT before our request")
-            transport = writer.transport
             sock = transport.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -527,13 +546,12 @@ class WebhookClient:
                 try:
                     tls = await loop.start_tls(transport, connection, self._ssl, server_hostname=host)
                 except ssl.SSLError as exc:
-                    transport.close()
                     raise ConnectionError(f"TLS with {host}:{port} through the egress proxy failed ({exc})") from None
                 assert tls is not None
-                transport = cast(asyncio.WriteTransport, tls)
+                transport = tls
             connection.connection_made(transport)
         except BaseException:
-            writer.close()
+            transport.close()
             raise
         self.connections_opened += 1
         return connection
