@@ -554,7 +554,7 @@ def egress_proxy(environ: Environ) -> EgressProxy | None:
     try:
         return EgressProxy.parse(url, credentials=credentials, no_proxy=no_proxy)
     except ValueError as exc:
-        if "credentials" in str(exc) and credentials is not None:
+        if str(exc).startswith("the egress proxy credentials"):
             raise ConfigError(f"{EGRESS_PROXY_CREDENTIALS_FILE}: {exc}") from None
         name = EGRESS_NO_PROXY if "no-proxy" in str(exc) else EGRESS_PROXY
         raise ConfigError(f"{name}: {exc}") from None
