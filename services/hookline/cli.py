@@ -342,6 +342,10 @@ def configure_relay_parser(subparsers: Subparsers) -> None:
         "  hookline relay --allow-private-networks      endpoints inside your own network\n",
         environment=ENVIRONMENT
         + "  HOOKLINE_ALLOW_PRIVATE_NETWORKS=true   as --allow-private-networks (default false)\n"
+        + "  HOOKLINE_EGRESS_PROXY=http://host:port  deliveries leave through this HTTP CONNECT proxy\n"
+        + "                                         (the private-address guard still checks each target)\n"
+        + "  HOOKLINE_EGRESS_PROXY_CREDENTIALS_FILE  a file holding the proxy's user:password (Basic)\n"
+        + "  HOOKLINE_EGRESS_NO_PROXY=a.example,.internal.example,203.0.113.0/24  targets that go direct\n"
         + RETENTION_ENVIRONMENT)
     p.add_argument("--concurrency", type=int, default=64, help="deliveries in flight at once (default 64)")
     p.add_argument("--allow-private-networks", action="store_true",

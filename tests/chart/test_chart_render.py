@@ -191,6 +191,29 @@ def test_relay_private_networks_flag() -> None:
     assert flag(render_dev()) == "true"
 
 
+def test_relay_egress_proxy_reaches_the_relay_with_its_credentials_as_a_file() -> None:
+    def relay_pod(rendered: Rendered) -> Obj:
+        spec: Obj = rendered.one("Deployment", fullname("relay"))["spec"]["template"]["spec"]
+        return spec
+
+    default = relay_pod(render_default())
+    assert not any(e["name"].startswith("HOOKLINE_EGRESS") for e in default["containers"][0]["env"])
+    pod = relay_pod(render(deep_merge(MINIMAL, {"relay": {"egressProxy": {
+        "url": "http://proxy.egress:3128", "existingSecret": "egress-credentials",
+        "noProxy": ".svc.cluster.local,10.0.0.0/8"}}})))
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["HOOKLINE_EGRESS_PROXY"] == "http://proxy.egress:3128"
+    assert env["HOOKLINE_EGRESS_NO_PROXY"] == ".svc.cluster.local,10.0.0.0/8"
+    path = env["HOOKLINE_EGRESS_PROXY_CREDENTIALS_FILE"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "egress-proxy")
+    assert path == mount["mountPath"] + "/credentials"
+    volume = next(v for v in pod["volumes"] if v["name"] == "egress-proxy")
+    assert volume["secret"]["secretName"] == "egress-credentials"
+    assert volume["secret"]["items"] == [{"key": "credentials", "path": "credentials"}]
+    with pytest.raises(Exception, match="url"):  # credentials in the URL: the schema refuses them
+        render(deep_merge(MINIMAL, {"relay": {"egressProxy": {"url": "http://user:pass@proxy.egress:3128"}}}))
+
+
 def test_retention_defaults_reach_the_partition_managers() -> None:
     # The relays and `worker --sweep` run the partition manager; the chart gives them its defaults.
     retention = {"doneHours": 12, "maxDoneHours": 48, "endpoints": {"doneHours": 6, "deadDays": 30}}

@@ -33,6 +33,7 @@ class DeliveryErrorKind(enum.StrEnum):
     BLOCKED = "blocked"  # the private-address guard refused the address: nothing was sent
     TIMEOUT = "timeout"
     CONNECTION = "connection"  # refused, reset, DNS or TLS failure: the endpoint was not reached
+    PROXY = "proxy"  # the egress proxy refused the tunnel, or could not be reached: the endpoint was not reached
 
 
 # Prefixes whose addresses carry an IPv4 address in their last 32 bits.

@@ -16,17 +16,26 @@ resolution, right before it is dialled (``delivery.is_internal``), and the conne
 that checked address, so DNS cannot slip past the check. Connections are kept per origin (scheme,
 host, port) while their server keeps them open and for at most ``IDLE_SECONDS`` idle; TLS verifies
 the server's certificate and name with ``ssl_context``.
+
+With an egress proxy (``EgressProxy``, for deliveries that must leave from the proxy's static
+addresses), a target not in its ``no_proxy`` is resolved and checked exactly as without one (the
+guard applies to the final target), then reached through a tunnel: ``CONNECT <checked address>:<port>``
+to the proxy, so the proxy cannot resolve the name to another address, then TLS over the tunnel with
+the target's name (its certificate and SNI). The proxy's own address is not checked: it is the
+operator's own infrastructure. A tunnel is a connection: kept per origin like any other.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import ipaddress
 import re
 import socket
 import ssl
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlsplit
 
@@ -49,6 +58,72 @@ _AddrInfo = TypeVar("_AddrInfo", bound=tuple[Any, ...])  # one getaddrinfo entry
 
 class ProtocolError(Exception):
     """The server's answer is not HTTP/1.x as we read it."""
+
+
+class ProxyError(Exception):
+    """The egress proxy did not open the tunnel (its status, or why it could not be asked)."""
+
+
+@dataclass(frozen=True)
+class EgressProxy:
+    """An HTTP CONNECT proxy deliveries go through, and the hosts that go direct (``no_proxy``:
+    names, ``.suffix`` domains, IP addresses, CIDRs, or ``*``). A value, not a global: a client is
+    given one, and a per-endpoint proxy can be another value later."""
+
+    host: str
+    port: int
+    authorization: str | None = field(default=None, repr=False)  # the Proxy-Authorization value; never logged
+    no_proxy: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, url: str, *, credentials: str | None = None, no_proxy: str = "") -> EgressProxy:
+        """ValueError (naming no secret) when ``url`` is not ``http://host:port`` or ``credentials``
+        is not ``user:password``."""
+        parts = urlsplit(url.strip())
+        if parts.scheme.lower() != "http" or not parts.hostname:
+            raise ValueError("the egress proxy must be an http:// URL of host:port")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("the egress proxy URL must not hold credentials: "
+                             "put user:password in the credentials file")
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ValueError("the egress proxy URL is host:port only, without a path")
+        try:
+            port = parts.port or 80
+        except ValueError:
+            raise ValueError("the egress proxy URL's port is not a port number") from None
+        authorization = None
+        if credentials is not None:
+            if ":" not in credentials or "\n" in credentials or "\r" in credentials or not credentials.split(":")[0]:
+                raise ValueError("the egress proxy credentials must be one line user:password")
+            authorization = "Basic " + base64.b64encode(credentials.encode("utf-8")).decode("ascii")
+        entries = tuple(entry.strip().lower() for entry in no_proxy.split(",") if entry.strip())
+        for entry in entries:
+            if "/" in entry:
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError:
+                    raise ValueError(f"the egress no-proxy entry {entry!r} is not a CIDR") from None
+        return cls(parts.hostname, port, authorization, entries)
+
+    def bypasses(self, host: str) -> bool:
+        """Whether ``host`` (a URL's host: a name or an address) goes direct."""
+        host = host.lower().rstrip(".")
+        try:
+            address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
+        except ValueError:
+            address = None
+        for entry in self.no_proxy:
+            if entry == "*":
+                return True
+            if "/" in entry:
+                if address is not None and address in ipaddress.ip_network(entry, strict=False):
+                    return True
+            elif entry.startswith("."):
+                if host.endswith(entry) or host == entry[1:]:
+                    return True
+            elif host == entry or (address is None and host.endswith("." + entry)):
+                return True  # as the common no_proxy convention: a name covers its subdomains
+        return False
 
 
 @dataclass(frozen=True)
@@ -254,6 +329,31 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+class _ProxyHandshake(asyncio.Protocol):
+    """The proxy's answer to CONNECT: its head (up to the blank line) in ``answer``, and any bytes after it."""
+
+    def __init__(self) -> None:
+        self.answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.extra = b""
+        self._buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        if self.answer.done():
+            self.extra += data
+            return
+        self._buffer += data
+        head, found, rest = self._buffer.partition(b"\r\n\r\n")
+        if found:
+            self.answer.set_result(head)
+            self.extra = rest
+        elif len(self._buffer) > MAX_HEAD_BYTES:
+            self.answer.set_exception(ProxyError("its answer to CONNECT has headers too long"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.answer.done():
+            self.answer.set_exception(ProxyError("it closed the connection without answering CONNECT"))
+
+
 def _public_only(host: str, infos: list[_AddrInfo]) -> list[_AddrInfo]:
     """The resolved addresses outgoing webhooks may reach; BlockedAddress when there is none."""
     public = [info for info in infos if not is_internal(str(info[4][0]))]
@@ -270,8 +370,9 @@ class WebhookClient:
     caller bounds how many requests run at once (the relay: its concurrency); each has its own connection."""
 
     def __init__(self, *, allow_private_networks: bool, connections: int = 100,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, proxy: EgressProxy | None = None) -> None:
         self.allow_private_networks = allow_private_networks
+        self.proxy = proxy
         self._ssl = ssl_context  # the default one is made at the first https connection: it costs ~50 ms of CPU
         self._idle: dict[tuple[str, str, int], deque[_Connection]] = {}
         self._max_idle = connections
@@ -306,6 +407,8 @@ class WebhookClient:
             error, kind = f"timed out after {timeout:g} s", DeliveryErrorKind.TIMEOUT
         except BlockedAddress as exc:
             error, kind = str(exc), DeliveryErrorKind.BLOCKED
+        except ProxyError as exc:
+            error, kind = f"egress proxy: {exc}", DeliveryErrorKind.PROXY
         except ValueError as exc:  # a URL or header we refuse to send: nothing was sent
             error, kind = f"{type(exc).__name__}: {exc}", DeliveryErrorKind.CONNECTION
         except (OSError, ProtocolError) as exc:
@@ -322,8 +425,14 @@ class WebhookClient:
         deadline = now + timeout  # the whole request: connecting included
         connection = self._idle_connection(target.origin, now)
         if connection is None:
-            async with asyncio.timeout_at(min(deadline, now + connect_timeout)):
-                connection = await self._connect(target.origin)
+            try:
+                async with asyncio.timeout_at(min(deadline, now + connect_timeout)):
+                    connection = await self._connect(target.origin)
+            except TimeoutError:
+                if self.proxy is None or self.proxy.bypasses(target.origin[1]):
+                    raise
+                raise ProxyError(f"no tunnel through {self.proxy.host}:{self.proxy.port} within "
+                                 f"{min(timeout, connect_timeout):g} s") from None
         self._waiting[connection] = deadline
         if self._checker is None or self._checker_loop is not loop:
             self._checker, self._checker_loop = loop.call_later(TIMEOUT_CHECK_SECONDS, self._expire_late), loop
@@ -376,6 +485,9 @@ class WebhookClient:
             infos = _public_only(host, infos)
         if scheme == "https" and self._ssl is None:
             self._ssl = ssl.create_default_context()
+        proxy = self.proxy if self.proxy is not None and not self.proxy.bypasses(host) else None
+        if proxy is not None:
+            return await self._tunnel(proxy, scheme, host, port, infos)
         last_error: OSError | None = None
         for family, type_, proto, _, address in infos:
             sock = socket.socket(family, type_, proto)
@@ -397,3 +509,49 @@ class WebhookClient:
             return connection
         reason = f"{type(last_error).__name__}: {last_error}" if last_error else "no address"
         raise ConnectionError(f"Cannot connect to host {host}:{port} ({reason})") from last_error
+
+    async def _tunnel(self, proxy: EgressProxy, scheme: str, host: str, port: int,
+                      infos: list[Any]) -> _Connection:
+        """A connection to the first checked address of ``infos`` through ``proxy``'s CONNECT tunnel."""
+        loop = asyncio.get_running_loop()
+        address = str(infos[0][4][0])
+        authority = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+        head = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n"
+        if proxy.authorization is not None:
+            head += f"Proxy-Authorization: {proxy.authorization}\r\n"
+        try:
+            transport, handshake = await loop.create_connection(_ProxyHandshake, proxy.host, proxy.port)
+        except OSError as exc:
+            raise ProxyError(f"cannot connect to {proxy.host}:{proxy.port} "
+                             f"({type(exc).__name__}: {exc.strerror or exc})") from None
+        try:
+            transport.write((head + "\r\n").encode("latin-1"))
+            answer = await handshake.answer
+            status_line = answer.split(b"\r\n", 1)[0].decode("latin-1", "replace")
+            parts = status_line.split(" ", 2)
+            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+                raise ProxyError(f"not an HTTP/1.x answer to CONNECT: {status_line[:40]!r}")
+            if not 200 <= int(parts[1]) < 300:
+                raise ProxyError(f"{proxy.host}:{proxy.port} refused the tunnel to {host}:{port}: "
+                                 f"{status_line[len(parts[0]) + 1:][:80]}")
+            if handshake.extra:  # the target spoke before our request: what follows can't be trusted
+                raise ProxyError("bytes followed its answer to CONNECT before our request")
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            connection = _Connection()
+            transport.set_protocol(connection)
+            if scheme == "https":
+                assert self._ssl is not None
+                try:
+                    tls = await loop.start_tls(transport, connection, self._ssl, server_hostname=host)
+                except ssl.SSLError as exc:
+                    raise ConnectionError(f"TLS with {host}:{port} through the egress proxy failed ({exc})") from None
+                assert tls is not None
+                transport = tls
+            connection.connection_made(transport)
+        except BaseException:
+            transport.close()
+            raise
+        self.connections_opened += 1
+        return connection

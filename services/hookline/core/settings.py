@@ -35,6 +35,7 @@ from urllib.parse import parse_qs, urlsplit
 from hookline.core.config import ConfigError
 
 if TYPE_CHECKING:  # imported where used: the parser (cli.py) reads this module's defaults, and fast
+    from hookline.core.http_client import EgressProxy
     from hookline.core.partitions import Retention
     from hookline.relay.breaker import BreakerSettings
 
@@ -52,6 +53,9 @@ REUSE_PORT = "HOOKLINE_REUSE_PORT"  # set by `hookline receiver --processes N` f
 DESTINATION_SECRET_FILE = "HOOKLINE_DESTINATION_SECRET_FILE"
 HANDLER_SEARCH_PATH = "HOOKLINE_HANDLER_SEARCH_PATH"
 ALLOW_PRIVATE_NETWORKS = "HOOKLINE_ALLOW_PRIVATE_NETWORKS"
+EGRESS_PROXY = "HOOKLINE_EGRESS_PROXY"
+EGRESS_PROXY_CREDENTIALS_FILE = "HOOKLINE_EGRESS_PROXY_CREDENTIALS_FILE"
+EGRESS_NO_PROXY = "HOOKLINE_EGRESS_NO_PROXY"
 KEYS_FILE = "HOOKLINE_SECRET_KEYS_FILE"
 IMPORT_PATH = "HOOKLINE_IMPORT_PATH"
 DEV_DATA_DIR = "HOOKLINE_DEV_DATA_DIR"
@@ -367,6 +371,7 @@ class RelaySettings:
     breaker: BreakerSettings = field(default_factory=lambda: _breaker())
     sweep_interval: float = 5.0  # seconds between the outbox's lease rescues
     stats_interval: float = 5.0
+    egress_proxy: EgressProxy | None = None  # HOOKLINE_EGRESS_PROXY (its credentials are not in its repr)
 
 
 CONSOLE_TOKEN = "HOOKLINE_CONSOLE_TOKEN"
@@ -520,7 +525,39 @@ def _relay(args: argparse.Namespace, environ: Environ, retention: Retention) -> 
     allow_private = args.allow_private_networks or env_flag(ALLOW_PRIVATE_NETWORKS, environ=environ)
     return RelaySettings(concurrency=args.concurrency, allow_private_networks=allow_private,
                          poll_interval=args.poll_interval, lease_seconds=args.lease_seconds,
-                         grace_period=args.grace_period, breaker=breaker), retention
+                         grace_period=args.grace_period, breaker=breaker,
+                         egress_proxy=egress_proxy(environ)), retention
+
+
+def egress_proxy(environ: Environ) -> EgressProxy | None:
+    """HOOKLINE_EGRESS_PROXY (http://host:port), with user:password from
+    HOOKLINE_EGRESS_PROXY_CREDENTIALS_FILE (read once, here) and the hosts that go direct in
+    HOOKLINE_EGRESS_NO_PROXY. No error names the credentials."""
+    from hookline.core.http_client import EgressProxy
+
+    url = environ.get(EGRESS_PROXY, "").strip()
+    credentials_file = environ.get(EGRESS_PROXY_CREDENTIALS_FILE, "").strip()
+    no_proxy = environ.get(EGRESS_NO_PROXY, "")
+    if not url:
+        if credentials_file or no_proxy.strip():
+            raise ConfigError(f"{EGRESS_PROXY_CREDENTIALS_FILE} and {EGRESS_NO_PROXY} need {EGRESS_PROXY}")
+        return None
+    credentials = None
+    if credentials_file:
+        try:
+            credentials = Path(credentials_file).read_text(encoding="utf-8").strip()
+        except UnicodeDecodeError:
+            raise ConfigError(f"{EGRESS_PROXY_CREDENTIALS_FILE}: {credentials_file} is not UTF-8 text") from None
+        except OSError as exc:
+            raise ConfigError(f"{EGRESS_PROXY_CREDENTIALS_FILE}: cannot read {credentials_file}: "
+                              f"{exc.strerror or exc}") from None
+    try:
+        return EgressProxy.parse(url, credentials=credentials, no_proxy=no_proxy)
+    except ValueError as exc:
+        if str(exc).startswith("the egress proxy credentials"):
+            raise ConfigError(f"{EGRESS_PROXY_CREDENTIALS_FILE}: {exc}") from None
+        name = EGRESS_NO_PROXY if "no-proxy" in str(exc) else EGRESS_PROXY
+        raise ConfigError(f"{name}: {exc}") from None
 
 
 def console_settings(args: argparse.Namespace, environ: Environ) -> ConsoleSettings:

@@ -221,7 +221,8 @@ class Relay(LeasedConsumer):
         self.breaker_settings = settings.breaker
         self.bookkeeper = Bookkeeper(pool, self.worker_id, self.breaker_settings, self._circuits_changed,
                                      in_flight=lambda: len(self.in_flight) + len(self.completing))
-        self.client = WebhookClient(allow_private_networks=self.allow_private_networks, connections=concurrency)
+        self.client = WebhookClient(allow_private_networks=self.allow_private_networks, connections=concurrency,
+                                    proxy=settings.egress_proxy)
         self._endpoints: dict[str, Endpoint] = {}
         self._endpoints_loaded = 0.0
         self._rotation = 0
