@@ -41,7 +41,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 # What a worker role may call: the lookups row-level security policies make (every role's, as the
 # policies run them for whoever reads), the attempt log and its handlers' import problems (tenants only).
 POLICY_FUNCTIONS = {"hookline.tenant_namespace()", "hookline.tenant_providers()"}
-TENANT_FUNCTIONS = {"tenant_namespace", "tenant_providers", "log_attempts", "report_handler_problem"}
+# publish: into the tenant's own namespace only (tests/test_outbox_namespaces.py, migration 0030).
+TENANT_FUNCTIONS = {"tenant_namespace", "tenant_providers", "log_attempts", "report_handler_problem", "publish"}
 # Inbox columns a worker writes (queue.sql); everything else was received and stays as it was.
 WORKER_COLUMNS = {"status", "attempts", "next_attempt_at", "lease_expires_at", "locked_by", "last_error",
                   "processed_at", "deferred_since", "suspect", "claimed_at"}
@@ -282,8 +283,10 @@ async def test_a_tenant_reads_no_secret_and_no_other_tenant(install: Install) ->
                                            default=str)
             except asyncpg.InsufficientPrivilegeError:
                 continue
-        # Whole rows are readable only where nothing secret is in them.
-        assert set(readable) <= {"hookline.inbox", "hookline.entity_states"}, set(readable)
+        # Whole rows are readable only where nothing secret is in them (the outbox's events and
+        # deliveries of its namespace since migration 0030; endpoints only without their secrets).
+        assert set(readable) <= {"hookline.inbox", "hookline.entity_states", "hookline.outbox",
+                                 "hookline.deliveries"}, set(readable)
         assert all("secret" not in text for text in readable.values())
         for statement in ("SELECT secrets FROM hookline.providers",
                           "SELECT destination_secret FROM hookline.providers",

@@ -108,7 +108,7 @@ async def test_a_worker_role_reaches_only_its_namespace(owner: asyncpg.Connectio
                           "SELECT * FROM hookline.operator_tokens",
                           "SELECT * FROM hookline.tenants",
                           "SELECT * FROM hookline.worker_allocations",
-                          "SELECT * FROM hookline.outbox"):
+                          "SELECT * FROM hookline.endpoints"):
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
                 await team_a.execute(statement)
         # What a worker does with its own rows works.

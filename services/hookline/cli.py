@@ -384,7 +384,9 @@ def configure_endpoints_parser(subparsers: Subparsers) -> None:
     p = _add_command(
         subparsers, "endpoints", "manage outbox endpoints (where the relay delivers)",
         description="Endpoints receive the events your services publish to the outbox, signed per Standard "
-        "Webhooks with the endpoint's whsec_ secret.",
+        "Webhooks with the endpoint's whsec_ secret. These are the install-wide endpoints; a team's endpoints "
+        "are WebhookEndpoint resources in its namespace, listed here as NAMESPACE/NAME: change those through "
+        "the resource (kubectl edit whe NAME -n NAMESPACE).",
         examples="  hookline endpoints add billing --url https://billing.example.com/hooks --event-type 'invoice.*'\n"
         "  hookline endpoints list\n"
         "  hookline endpoints rotate-secret billing --overlap-hours 48\n"
@@ -407,6 +409,8 @@ def configure_endpoints_parser(subparsers: Subparsers) -> None:
         "delete": "delete an endpoint and its deliveries",
         "enable": "re-enable an endpoint disabled by a 410 and requeue what it missed",
         "rotate-secret": "sign with a new secret; the old one keeps signing meanwhile",
+        "pause": "stop delivering to an endpoint; its deliveries wait, nothing is lost",
+        "resume": "deliver again what a paused endpoint has waiting, in order",
     }
     for action, text in named.items():
         a = _add_command(actions, action, text)
@@ -646,6 +650,8 @@ def configure_publish_parser(subparsers: Subparsers) -> None:
     p.add_argument("--data", required=True, metavar="JSON",
                    help="the payload: JSON text, or @FILE to read it from a file (it becomes `data` in the envelope)")
     p.add_argument("--endpoint", help="send it to this endpoint only (default: every endpoint its type matches)")
+    p.add_argument("--namespace", help="publish in this namespace: only its WebhookEndpoints receive it, and "
+                   "--endpoint names one of them (default: the install-wide endpoints)")
     p.add_argument("--aggregate-type", help="the aggregate's type (ordered endpoints keep each aggregate in order)")
     p.add_argument("--aggregate-id", help="the aggregate's id, e.g. in_1")
     _add_common(p)

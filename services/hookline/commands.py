@@ -210,12 +210,20 @@ async def console(args: argparse.Namespace) -> int:
     return await Host(settings, [Console]).run(lambda host: announce_token(host.component(Console)))
 
 
+# What the CLI may not do to a WebhookEndpoint's row (`enable` after a 410 it may: a recovery).
+RESOURCE_OWNED_ACTIONS = frozenset({"update", "delete", "rotate-secret", "set-retention", "pause", "resume"})
+
+
 async def endpoints_cmd(args: argparse.Namespace) -> int:
     from hookline.core.status import endpoint_state
     from hookline.relay import endpoints
 
     conn = await _connect()
     try:
+        if args.action in RESOURCE_OWNED_ACTIONS and await endpoints.managed_by(conn, args.name):
+            namespace, _, name = args.name.partition("/")
+            return _fail(f"endpoint {args.name} is the WebhookEndpoint {name!r} in namespace {namespace!r}: change "
+                         f"the resource (kubectl edit whe {name} -n {namespace}); the operator would undo this")
         if args.action == "add":
             try:
                 secret = await endpoints.add(
@@ -234,7 +242,7 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
             print(f"{'NAME':<20} {'STATE':<13} {'ORDERED':<8} {'EVENT TYPES':<28} {'SECRET':<20} "
                   f"{'KEPT DONE/DEAD':<15} URL")
             for e in await endpoints.load(conn):
-                state = endpoint_state(e.enabled, str(e.circuit.state))
+                state = endpoint_state(e.enabled, str(e.circuit.state), e.paused)
                 secret = endpoints.fingerprint(e.secrets[0]) if e.secrets else "-"
                 kept = f"{_kept(e.done_hours, 'h')}/{_kept(e.dead_days, 'd')}"
                 print(f"{e.name:<20} {state:<13} {'yes' if e.ordered else 'no':<8} "
@@ -257,6 +265,10 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
             if unparked is None:
                 return _fail(f"no endpoint named {args.name!r}")
             print(f"endpoint/{args.name} enabled; {unparked} parked deliveries requeued")
+        elif args.action in ("pause", "resume"):
+            if not await endpoints.set_paused(conn, args.name, args.action == "pause"):
+                return _fail(f"no endpoint named {args.name!r}")
+            print(f"endpoint/{args.name} {'paused: its deliveries wait' if args.action == 'pause' else 'resumed'}")
         elif args.action == "rotate-secret":
             from datetime import timedelta
 
@@ -452,9 +464,11 @@ async def publish(args: argparse.Namespace) -> int:
     try:
         async with conn.transaction():
             event_id = await outbox.publish(conn, args.event_type, payload, aggregate_type=args.aggregate_type,
-                                            aggregate_id=args.aggregate_id, endpoint=args.endpoint)
+                                            aggregate_id=args.aggregate_id, endpoint=args.endpoint,
+                                            namespace=args.namespace)
             endpoints = await conn.fetchval(db.query("endpoints_of_event", "commands.sql"), event_id)
-    except asyncpg.InvalidParameterValueError as exc:  # hookline.publish's own checks: no such endpoint, ...
+    except (asyncpg.InvalidParameterValueError, asyncpg.InsufficientPrivilegeError) as exc:
+        # hookline.publish's own checks: no such endpoint, another tenant's namespace, ...
         return _fail(str(exc).removeprefix("hookline.publish: "))
     finally:
         await conn.close()

@@ -25,7 +25,8 @@ __all__ = ["publish", "query"]
 
 
 async def publish(conn: asyncpg.Connection, event_type: str, payload: Any, *, aggregate_type: str | None = None,
-                  aggregate_id: str | None = None, endpoint: str | None = None) -> str:
+                  aggregate_id: str | None = None, endpoint: str | None = None, namespace: str | None = None
+                  ) -> str:
     """Write an event to the outbox on ``conn`` (inside the caller's transaction); return its id.
 
     The id (``msg_...``) is the ``webhook-id`` every delivery attempt carries, so
@@ -33,13 +34,19 @@ async def publish(conn: asyncpg.Connection, event_type: str, payload: Any, *, ag
     becomes ``data`` in the delivered envelope. Events with the same
     ``(aggregate_type, aggregate_id)`` reach ``--ordered`` endpoints in commit
     order. ``endpoint`` sends the event to that endpoint only.
+
+    An event belongs to a namespace and reaches only that namespace's endpoints (WebhookEndpoint
+    resources). Logged in as a tenant (a WebhookProvider's workers, or the namespace's publisher
+    Secret), it is the tenant's namespace, and naming another is refused; the platform's own login
+    publishes to the install-wide endpoints (made with ``hookline endpoints add``), or to those of
+    ``namespace``. ``endpoint`` is a name within the event's namespace.
     """
     # Sent as text and cast in SQL, so it works whether or not the caller's
     # connection has a jsonb codec installed (ours does; a plain asyncpg one does not).
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
     # The current span's trace context (a handler's, say) goes with the event to its deliveries.
     event_id: str = await conn.fetchval(query("publish"), event_type, body, aggregate_type, aggregate_id, endpoint,
-                                        tracing.current_traceparent())
+                                        tracing.current_traceparent(), namespace)
     return event_id
 
 

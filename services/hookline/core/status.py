@@ -160,11 +160,13 @@ def render_table(status: Status) -> str:
     return "\n".join(lines)
 
 
-def endpoint_state(enabled: bool, circuit: str) -> str:
+def endpoint_state(enabled: bool, circuit: str, paused: bool = False) -> str:
     """An endpoint's state as `endpoints list` and `status` show it (``-o json`` keeps the circuit's
     own names: closed, open, half_open)."""
     if not enabled:
         return "disabled"
+    if paused:
+        return "paused"
     return {"closed": "healthy", "open": "circuit open", "half_open": "probing"}.get(circuit, circuit)
 
 

@@ -51,6 +51,10 @@ class Endpoint:
     # default (chart retention.endpoints; applied by the partition manager, core/partitions.py).
     done_hours: float | None = None
     dead_days: float | None = None
+    # A WebhookEndpoint's namespace (its name is then 'namespace/name'); None: install-wide.
+    namespace: str | None = None
+    # The user's pause (spec.paused, `hookline endpoints pause`): its deliveries wait unclaimed.
+    paused: bool = False
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Endpoint:
@@ -60,7 +64,13 @@ class Endpoint:
             retry=RetryPolicy(row["max_attempts"], row["initial_delay_seconds"], row["max_delay_seconds"]),
             timeout=row["timeout_seconds"], enabled=row["enabled"], circuit=Circuit.from_row(row),
             done_hours=row["retention_done_hours"], dead_days=row["retention_dead_days"],
+            namespace=row["namespace"], paused=row["paused"],
         )
+
+    @property
+    def claimable(self) -> bool:
+        """Its deliveries may be claimed: not disabled by a 410, not paused by the user."""
+        return self.enabled and not self.paused
 
 
 def _json(value: object) -> list[dict[str, object]]:
@@ -167,6 +177,18 @@ async def set_retention(conn: asyncpg.Connection, name: str, done_hours: float |
     """Set an endpoint's retention (None: the install's default); False when there is no such endpoint."""
     validate_retention(done_hours, dead_days)
     return await conn.fetchval(outbox.query("set_endpoint_retention"), name, done_hours, dead_days) is not None
+
+
+async def managed_by(conn: asyncpg.Connection, name: str) -> str | None:
+    """The WebhookEndpoint an endpoint is (``namespace/name``), None for an install-wide one: the
+    operator owns such a row and would undo a change made behind the resource's back."""
+    namespace: str | None = await conn.fetchval(outbox.query("endpoint_namespace"), name)
+    return name if namespace else None
+
+
+async def set_paused(conn: asyncpg.Connection, name: str, paused: bool) -> bool:
+    """Pause or resume an endpoint; False when there is no such endpoint."""
+    return await conn.fetchval(outbox.query("set_endpoint_paused"), name, paused) is not None
 
 
 async def delete(conn: asyncpg.Connection, name: str) -> bool:

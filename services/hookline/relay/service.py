@@ -316,7 +316,7 @@ class Relay(LeasedConsumer):
         return await self._claim_round()
 
     async def _claim_round(self) -> int:
-        active = [e for e in self._endpoints.values() if e.enabled]
+        active = [e for e in self._endpoints.values() if e.claimable]
         if not active:
             return 0
         self._rotation = (self._rotation + 1) % len(active)
@@ -397,7 +397,7 @@ class Relay(LeasedConsumer):
     def suspect_partitions(self) -> dict[str, float]:
         # A delivery whose relay died runs alone next time (core/consumer.py). Open circuits too: probes
         # skip suspects, so an endpoint whose only backlog is suspects would otherwise never close.
-        return {e.name: self.lease_seconds for e in self._endpoints.values() if e.enabled}
+        return {e.name: self.lease_seconds for e in self._endpoints.values() if e.claimable}
 
     async def start_suspect(self, row: asyncpg.Record) -> None:
         endpoint = self._endpoints.get(row["endpoint"])

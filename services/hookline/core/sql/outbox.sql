@@ -8,7 +8,8 @@
 -- with or without a jsonb codec on the caller's connection.
 -- $6 is the publisher's traceparent (or NULL), set for the rest of the transaction
 -- before publish runs (the FROM item is evaluated first); publish stores it.
-SELECT hookline.publish($1, $2::text::jsonb, $3, $4, $5)
+-- $7 the namespace (NULL: the login's own, or install-wide; migration 0030).
+SELECT hookline.publish($1, $2::text::jsonb, $3, $4, $5, $7)
 FROM (SELECT set_config('hookline.traceparent', coalesce($6::text, ''), true)) AS traced;
 
 -- name: insert_endpoint
@@ -27,6 +28,14 @@ SELECT * FROM hookline.endpoints ORDER BY name;
 -- default); hookline.expire_outbox applies them.
 UPDATE hookline.endpoints SET retention_done_hours = $2, retention_dead_days = $3 WHERE name = $1
 RETURNING name;
+
+-- name: endpoint_namespace
+SELECT namespace FROM hookline.endpoints WHERE name = $1;
+
+-- name: set_endpoint_paused
+-- Paused deliveries stay pending, unclaimed (the relays skip the endpoint; the
+-- endpoints_changed trigger tells them); resuming sends them in their order.
+UPDATE hookline.endpoints SET paused = $2 WHERE name = $1 RETURNING name;
 
 -- name: delete_endpoint
 -- Its deliveries go with it (ON DELETE CASCADE); the events stay for the others.

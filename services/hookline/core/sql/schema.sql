@@ -759,7 +759,8 @@ CREATE FUNCTION hookline.grant_tenant_privileges(tenant_role text) RETURNS void
     AS $$
 BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA hookline TO %I', tenant_role);
-    EXECUTE format('REVOKE ALL ON hookline.providers, hookline.inbox, hookline.entity_states FROM %I', tenant_role);
+    EXECUTE format('REVOKE ALL ON hookline.providers, hookline.inbox, hookline.entity_states, hookline.endpoints, '
+                   'hookline.outbox, hookline.deliveries FROM %I', tenant_role);
     EXECUTE format('GRANT SELECT (name, spec, updated_at, managed_by, owner_namespace, owner_name, owner_uid) '
                    'ON hookline.providers TO %I', tenant_role);
     EXECUTE format('GRANT SELECT ON hookline.inbox TO %I', tenant_role);
@@ -769,6 +770,12 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION hookline.log_attempts(text, bigint[], text[], integer[], text[], '
                    'text[], text[], integer[], float8[]) TO %I', tenant_role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION hookline.report_handler_problem(text, text, text, text) TO %I',
+                   tenant_role);
+    EXECUTE format('GRANT SELECT (name, namespace, resource_name, url, event_types, ordered, enabled, paused, '
+                   'disabled_at, disabled_reason, circuit_state, circuit_changed_at) ON hookline.endpoints TO %I',
+                   tenant_role);
+    EXECUTE format('GRANT SELECT ON hookline.outbox, hookline.deliveries TO %I', tenant_role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION hookline.publish(text, jsonb, text, text, text, text) TO %I',
                    tenant_role);
 END $$;
 
@@ -917,15 +924,18 @@ END $$;
 
 
 --
--- Name: publish(text, jsonb, text, text, text); Type: FUNCTION; Schema: hookline; Owner: -
+-- Name: publish(text, jsonb, text, text, text, text); Type: FUNCTION; Schema: hookline; Owner: -
 --
 
-CREATE FUNCTION hookline.publish(event_type text, payload jsonb, aggregate_type text DEFAULT NULL::text, aggregate_id text DEFAULT NULL::text, endpoint text DEFAULT NULL::text) RETURNS text
-    LANGUAGE plpgsql
+CREATE FUNCTION hookline.publish(event_type text, payload jsonb, aggregate_type text DEFAULT NULL::text, aggregate_id text DEFAULT NULL::text, endpoint text DEFAULT NULL::text, namespace text DEFAULT NULL::text) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
+    tenant      text := hookline.tenant_namespace();
+    event_ns    text := coalesce(tenant, publish.namespace);
+    target      text;
     new_id      bigint;
     new_event   text;
     agg_key     text;
@@ -937,30 +947,40 @@ BEGIN
     IF publish.payload IS NULL THEN
         RAISE EXCEPTION 'hookline.publish: payload is required' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF publish.endpoint IS NOT NULL
-       AND NOT EXISTS (SELECT 1 FROM hookline.endpoints AS e WHERE e.name = publish.endpoint) THEN
-        RAISE EXCEPTION 'hookline.publish: no endpoint named %', publish.endpoint
-            USING ERRCODE = 'invalid_parameter_value';
+    IF tenant IS NOT NULL AND publish.namespace IS DISTINCT FROM NULL AND publish.namespace <> tenant THEN
+        RAISE EXCEPTION 'hookline.publish: this login publishes in namespace %, not %', tenant, publish.namespace
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF publish.endpoint IS NOT NULL THEN
+        target := CASE WHEN event_ns IS NULL THEN publish.endpoint ELSE event_ns || '/' || publish.endpoint END;
+        IF NOT EXISTS (SELECT 1 FROM hookline.endpoints AS e WHERE e.name = target) THEN
+            RAISE EXCEPTION 'hookline.publish: no endpoint named % in %', publish.endpoint,
+                coalesce('namespace ' || event_ns, 'the install-wide endpoints')
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
     END IF;
     IF publish.aggregate_id IS NOT NULL THEN
         agg_key := coalesce(publish.aggregate_type, '') || ':' || publish.aggregate_id;
-        PERFORM pg_advisory_xact_lock(hashtextextended('hookline.outbox/' || agg_key, 0));
+        PERFORM pg_advisory_xact_lock(hashtextextended(
+            'hookline.outbox/' || coalesce(event_ns, '') || '/' || agg_key,
+            (SELECT s.seed FROM hookline.outbox_lock_seed AS s)));
     END IF;
     -- msg_ + 12 hex digits of milliseconds + 20 random hex digits: unique, and
     -- roughly time-sortable when read by a human.
     new_event := 'msg_' || lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0')
                  || left(replace(gen_random_uuid()::text, '-', ''), 20);
     INSERT INTO hookline.outbox (event_id, event_type, payload, aggregate_type, aggregate_id, endpoint,
-                                 traceparent)
+                                 traceparent, namespace)
     VALUES (new_event, publish.event_type, publish.payload, publish.aggregate_type, publish.aggregate_id,
-            publish.endpoint, hookline.current_traceparent())
+            target, hookline.current_traceparent(), event_ns)
     RETURNING id, created_at INTO new_id, published;
     INSERT INTO hookline.deliveries (outbox_id, endpoint, aggregate_key, status, created_at)
     SELECT new_id, e.name, agg_key, CASE WHEN e.enabled THEN 'pending' ELSE 'parked' END, published
     FROM hookline.endpoints AS e
-    WHERE CASE WHEN publish.endpoint IS NULL
+    WHERE e.namespace IS NOT DISTINCT FROM event_ns
+      AND CASE WHEN target IS NULL
                THEN hookline.event_type_matches(e.event_types, publish.event_type)
-               ELSE e.name = publish.endpoint END
+               ELSE e.name = target END
     ORDER BY e.name;
     -- Wakes idle relays at commit (never for a rollback). Identical notifications
     -- in one transaction are folded, so a batch of publishes sends one.
@@ -1220,14 +1240,37 @@ CREATE TABLE hookline.endpoints (
     probe_failures integer DEFAULT 0 NOT NULL,
     retention_done_hours double precision,
     retention_dead_days double precision,
+    namespace text,
+    resource_name text,
+    owner_uid text,
+    paused boolean DEFAULT false NOT NULL,
     CONSTRAINT endpoints_circuit_state_check CHECK ((circuit_state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
     CONSTRAINT endpoints_initial_delay_seconds_check CHECK ((initial_delay_seconds >= (0)::double precision)),
     CONSTRAINT endpoints_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT endpoints_max_delay_seconds_check CHECK ((max_delay_seconds >= (0)::double precision)),
+    CONSTRAINT endpoints_qualified_name CHECK (
+CASE
+    WHEN (namespace IS NULL) THEN ((strpos(name, '/'::text) = 0) AND (resource_name IS NULL))
+    ELSE (name = ((namespace || '/'::text) || resource_name))
+END),
     CONSTRAINT endpoints_retention_dead_days_check CHECK ((retention_dead_days > (0)::double precision)),
     CONSTRAINT endpoints_retention_done_hours_check CHECK ((retention_done_hours > (0)::double precision)),
     CONSTRAINT endpoints_timeout_seconds_check CHECK ((timeout_seconds > (0)::double precision))
 );
+
+
+--
+-- Name: COLUMN endpoints.namespace; Type: COMMENT; Schema: hookline; Owner: -
+--
+
+COMMENT ON COLUMN hookline.endpoints.namespace IS 'The Kubernetes namespace of the WebhookEndpoint this row is (NULL: an install-wide endpoint made with the CLI).';
+
+
+--
+-- Name: COLUMN endpoints.paused; Type: COMMENT; Schema: hookline; Owner: -
+--
+
+COMMENT ON COLUMN hookline.endpoints.paused IS 'Set by the user (spec.paused, `hookline endpoints pause`): its deliveries wait, nothing is parked or lost.';
 
 
 --
@@ -1390,9 +1433,17 @@ CREATE TABLE hookline.outbox (
     aggregate_id text,
     endpoint text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    traceparent text
+    traceparent text,
+    namespace text
 )
 PARTITION BY RANGE (created_at);
+
+
+--
+-- Name: COLUMN outbox.namespace; Type: COMMENT; Schema: hookline; Owner: -
+--
+
+COMMENT ON COLUMN hookline.outbox.namespace IS 'The namespace the event was published in (NULL: install-wide); it reaches only that namespace''s endpoints.';
 
 
 --
@@ -1408,7 +1459,8 @@ CREATE TABLE hookline.outbox_default (
     aggregate_id text,
     endpoint text,
     created_at timestamp with time zone DEFAULT now() CONSTRAINT outbox_created_at_not_null NOT NULL,
-    traceparent text
+    traceparent text,
+    namespace text
 );
 
 
@@ -1423,6 +1475,17 @@ ALTER TABLE hookline.outbox ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+
+
+--
+-- Name: outbox_lock_seed; Type: TABLE; Schema: hookline; Owner: -
+--
+
+CREATE TABLE hookline.outbox_lock_seed (
+    seed bigint NOT NULL,
+    only_row boolean DEFAULT true NOT NULL,
+    CONSTRAINT outbox_lock_seed_only_row_check CHECK (only_row)
 );
 
 
@@ -1675,6 +1738,14 @@ ALTER TABLE ONLY hookline.outbox_default
 
 
 --
+-- Name: outbox_lock_seed outbox_lock_seed_pkey; Type: CONSTRAINT; Schema: hookline; Owner: -
+--
+
+ALTER TABLE ONLY hookline.outbox_lock_seed
+    ADD CONSTRAINT outbox_lock_seed_pkey PRIMARY KEY (only_row);
+
+
+--
 -- Name: partition_config partition_config_pkey; Type: CONSTRAINT; Schema: hookline; Owner: -
 --
 
@@ -1868,6 +1939,13 @@ CREATE INDEX deliveries_leased_idx ON ONLY hookline.deliveries USING btree (leas
 --
 
 CREATE INDEX deliveries_default_lease_expires_at_idx ON hookline.deliveries_default USING btree (lease_expires_at) WHERE (status = 'processing'::text);
+
+
+--
+-- Name: endpoints_namespace_idx; Type: INDEX; Schema: hookline; Owner: -
+--
+
+CREATE INDEX endpoints_namespace_idx ON hookline.endpoints USING btree (namespace);
 
 
 --
@@ -2224,7 +2302,7 @@ ALTER INDEX hookline.outbox_pkey ATTACH PARTITION hookline.outbox_default_pkey;
 -- Name: endpoints endpoints_changed; Type: TRIGGER; Schema: hookline; Owner: -
 --
 
-CREATE TRIGGER endpoints_changed AFTER INSERT OR DELETE OR UPDATE OF url, event_types, ordered, secrets, max_attempts, initial_delay_seconds, max_delay_seconds, timeout_seconds, enabled OR TRUNCATE ON hookline.endpoints FOR EACH STATEMENT EXECUTE FUNCTION hookline.endpoints_changed();
+CREATE TRIGGER endpoints_changed AFTER INSERT OR DELETE OR UPDATE OF url, event_types, ordered, secrets, max_attempts, initial_delay_seconds, max_delay_seconds, timeout_seconds, enabled, paused OR TRUNCATE ON hookline.endpoints FOR EACH STATEMENT EXECUTE FUNCTION hookline.endpoints_changed();
 
 
 --
@@ -2407,6 +2485,20 @@ ALTER TABLE hookline.outbox ENABLE ROW LEVEL SECURITY;
 ALTER TABLE hookline.providers ENABLE ROW LEVEL SECURITY;
 
 --
+-- Name: deliveries tenant_deliveries; Type: POLICY; Schema: hookline; Owner: -
+--
+
+CREATE POLICY tenant_deliveries ON hookline.deliveries AS RESTRICTIVE USING ((( SELECT (hookline.tenant_namespace() IS NULL)) OR starts_with(endpoint, (( SELECT hookline.tenant_namespace() AS tenant_namespace) || '/'::text))));
+
+
+--
+-- Name: endpoints tenant_endpoints; Type: POLICY; Schema: hookline; Owner: -
+--
+
+CREATE POLICY tenant_endpoints ON hookline.endpoints AS RESTRICTIVE USING ((( SELECT (hookline.tenant_namespace() IS NULL)) OR (namespace = ( SELECT hookline.tenant_namespace() AS tenant_namespace))));
+
+
+--
 -- Name: entity_states tenant_entity_states; Type: POLICY; Schema: hookline; Owner: -
 --
 
@@ -2418,6 +2510,13 @@ CREATE POLICY tenant_entity_states ON hookline.entity_states USING (((( SELECT h
 --
 
 CREATE POLICY tenant_events ON hookline.inbox USING (((( SELECT hookline.tenant_providers() AS tenant_providers) IS NULL) OR (provider = ANY (( SELECT hookline.tenant_providers() AS tenant_providers)::text[]))));
+
+
+--
+-- Name: outbox tenant_outbox; Type: POLICY; Schema: hookline; Owner: -
+--
+
+CREATE POLICY tenant_outbox ON hookline.outbox AS RESTRICTIVE USING ((( SELECT (hookline.tenant_namespace() IS NULL)) OR (namespace = ( SELECT hookline.tenant_namespace() AS tenant_namespace))));
 
 
 --
@@ -2696,10 +2795,10 @@ REVOKE ALL ON FUNCTION hookline.providers_changed() FROM PUBLIC;
 
 
 --
--- Name: FUNCTION publish(event_type text, payload jsonb, aggregate_type text, aggregate_id text, endpoint text); Type: ACL; Schema: hookline; Owner: -
+-- Name: FUNCTION publish(event_type text, payload jsonb, aggregate_type text, aggregate_id text, endpoint text, namespace text); Type: ACL; Schema: hookline; Owner: -
 --
 
-REVOKE ALL ON FUNCTION hookline.publish(event_type text, payload jsonb, aggregate_type text, aggregate_id text, endpoint text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION hookline.publish(event_type text, payload jsonb, aggregate_type text, aggregate_id text, endpoint text, namespace text) FROM PUBLIC;
 
 
 --
