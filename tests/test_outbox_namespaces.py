@@ -4,6 +4,7 @@ the platform's login keeps its install-wide endpoints and may publish into a nam
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ from hookline.core import migrations
 from hookline.core.embedded import EmbeddedPostgres
 from hookline_operator import tenancy
 from support.postgres import with_database
+from support.processes import hookline_cli
 
 
 @pytest.fixture
@@ -163,3 +165,24 @@ async def test_a_producer_granted_the_old_publish_keeps_its_grant(scram_server: 
         await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
         await admin.execute(f"DROP ROLE {producer}")
         await admin.close()
+
+
+async def test_the_cli_leaves_a_webhook_endpoints_row_to_the_operator(owner: asyncpg.Connection,
+                                                                     scram_server: EmbeddedPostgres) -> None:
+    a_partner = await add_endpoint(owner, "team-a", "partner", ["*"])
+    url = with_database(scram_server.url, await owner.fetchval("SELECT current_database()"))
+    before = await owner.fetchrow("SELECT * FROM hookline.endpoints WHERE name = $1", a_partner)
+    for action in (["update", a_partner, "--url", "https://elsewhere.invalid/"], ["delete", a_partner],
+                   ["pause", a_partner], ["rotate-secret", a_partner]):
+        done = await asyncio.to_thread(hookline_cli, url, "endpoints", *action)
+        assert done.returncode == 2, done  # a usage error, as every refusal of _fail
+        assert "is the WebhookEndpoint 'partner' in namespace 'team-a'" in done.stderr
+        assert "kubectl edit whe partner -n team-a" in done.stderr
+    assert await owner.fetchrow("SELECT * FROM hookline.endpoints WHERE name = $1", a_partner) == before
+    # Install-wide endpoints are the CLI's own; a namespaced name cannot be made with it.
+    assert (await asyncio.to_thread(hookline_cli, url, "endpoints", "add", "team-a/other", "--url",
+                                    "https://x.invalid/")).returncode != 0
+    listed = await asyncio.to_thread(hookline_cli, url, "endpoints", "list")
+    assert a_partner in listed.stdout
+    published = await asyncio.to_thread(hookline_cli, url, "publish", "t", "--data", "{}", "--namespace", "team-a")
+    assert published.returncode == 0 and a_partner in published.stdout, published

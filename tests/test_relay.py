@@ -197,6 +197,27 @@ async def test_410_disables_the_endpoint_and_parks_until_enabled(pool: asyncpg.P
         assert {r.webhook_id for r in ep.delivered()} == set(ids)
 
 
+async def test_a_paused_endpoint_gets_nothing_until_resumed_and_then_all_in_order(
+        pool: asyncpg.Pool, start_relay: StartRelay) -> None:
+    async with TestEndpoint(new_secret()) as ep, TestEndpoint(new_secret()) as other:
+        await register(pool, "paused", ep, ordered=True)
+        await register(pool, "other", other)
+        await start_relay()
+        async with pool.acquire() as conn:
+            assert await endpoints.set_paused(conn, "paused", True)
+            assert not await endpoints.set_paused(conn, "missing", True)
+        ids = [await publish(pool, "t", {"n": n}, aggregate_type="a", aggregate_id="1") for n in range(5)]
+        await eventually(lambda: len(other.delivered()) == 5)  # the relay is running, and busy elsewhere
+        await asyncio.sleep(0.5)
+        assert ep.received == []
+        assert await pool.fetchval("SELECT count(*) FROM hookline.deliveries WHERE endpoint = 'paused' "
+                                   "AND status = 'pending'") == 5  # waiting, not parked: nothing to enable
+        async with pool.acquire() as conn:
+            assert await endpoints.set_paused(conn, "paused", False)
+        await eventually(lambda: len(ep.delivered()) == 5)
+        assert [r.webhook_id for r in ep.delivered()] == ids
+
+
 async def test_circuit_breaker_opens_sends_only_probes_and_closes(pool: asyncpg.Pool,
                                                                   start_relay: StartRelay) -> None:
     healthy = False
