@@ -21,11 +21,11 @@ import asyncpg
 import pytest
 from aiohttp import web
 
+from hookline import outbox
 from hookline.console.access import Access, TokenAuthorizer
 from hookline.console.app import create_app
 from hookline.console.pages import CSP, MAX_BODY_CHARS, SESSION_COOKIE, csrf_token
 from hookline.console.store import Store
-from hookline.core import db
 from hookline.core.embedded import free_port
 from support.inbox import apply_provider
 from support.processes import ServiceProcess, hookline_cli
@@ -288,8 +288,8 @@ async def test_a_delivery_page_shows_its_attempts_escaped_and_replays_that_deliv
         console: str, pool: asyncpg.Pool, store: Store, database_url: str) -> None:
     added = hookline_cli(database_url, "endpoints", "add", "partner", "--url", "http://127.0.0.1:9/hooks")
     assert added.returncode == 0, added.stderr
-    await pool.fetchval(db.query("publish", "outbox.sql"), SCRIPT, json.dumps({"note": SCRIPT}), None, None,
-                        "partner", None)
+    async with pool.acquire() as conn:
+        await outbox.publish(conn, SCRIPT, {"note": SCRIPT}, endpoint="partner")
     delivery_id = await pool.fetchval(
         "UPDATE hookline.deliveries SET status = 'dead', attempts = 2, last_status = 500, last_response = $1, "
         "last_error = $1 RETURNING id", f"{SCRIPT} {SECRET}")

@@ -364,9 +364,11 @@ def _add_breaker_flags(p: argparse.ArgumentParser) -> None:
         "circuit breaker (per endpoint, shared by all relays through Postgres)",
         "A circuit opens when at least --breaker-failure-rate of the attempts in the last --breaker-window "
         "seconds failed, once that window holds --breaker-min-volume attempts. While open, nothing is sent "
-        "to the endpoint but one probe per --breaker-probe-interval, preferably a delivery that failed before "
-        "(its success is the best sign of recovery). --breaker-close-after successful probes close it; probes "
-        "failing at the failure rate re-open it (a first failed probe does). Give every relay the same values.")
+        "to the endpoint but probes, preferably deliveries that failed before (their success is the best sign "
+        "of recovery): the first 1 s after it opened, the wait doubling with each opening in a row up to "
+        "--breaker-probe-interval (so an endpoint that is alive but fails often is slowed, not starved). "
+        "--breaker-close-after successful probes close it; probes failing at the failure rate re-open it (a "
+        "first failed probe does). Give every relay the same values.")
     b.add_argument("--breaker-failure-rate", type=float, default=0.9, metavar="SHARE",
                    help="share of failed attempts (0-1] that opens the circuit (default 0.9: an endpoint failing "
                    "half of its attempts keeps receiving)")
@@ -375,7 +377,7 @@ def _add_breaker_flags(p: argparse.ArgumentParser) -> None:
     b.add_argument("--breaker-window", type=float, default=60.0, metavar="SECONDS",
                    help="how far back the failure rate looks (default 60)")
     b.add_argument("--breaker-probe-interval", type=float, default=30.0, metavar="SECONDS",
-                   help="how long an open circuit waits before its next probe (default 30)")
+                   help="the longest an open circuit waits before its next probe (default 30)")
     b.add_argument("--breaker-close-after", type=int, default=3, metavar="N",
                    help="successful probes that close a half-open circuit (default 3)")
 
@@ -419,6 +421,20 @@ def configure_endpoints_parser(subparsers: Subparsers) -> None:
             a.add_argument("--overlap-hours", type=_non_negative(float), default=24.0,
                            help="how long the old secret keeps signing too (default 24)")
         _add_common(a)
+    rate = _add_command(actions, "set-rate-limit",
+                        "limit what all relays together send an endpoint: a rate with its burst, and/or how "
+                        "many deliveries may be unanswered at once",
+                        examples="  hookline endpoints set-rate-limit billing --per-second 50 --burst 10\n"
+                        "  hookline endpoints set-rate-limit billing --max-in-flight 5\n"
+                        "  hookline endpoints set-rate-limit billing --none\n")
+    rate.add_argument("name")
+    rate.add_argument("--per-second", type=_positive(float), metavar="N",
+                      help="deliveries per second on average (give --burst with it)")
+    rate.add_argument("--burst", type=_positive(int), metavar="N", help="deliveries sent at once after a quiet spell")
+    rate.add_argument("--max-in-flight", type=_positive(int), metavar="N",
+                      help="deliveries waiting for the endpoint's answer at once, over all relays")
+    rate.add_argument("--none", action="store_true", help="remove the endpoint's limit")
+    _add_common(rate)
     retention = _add_command(actions, "set-retention",
                              "how long this endpoint's delivered events and dead letters are kept; a flag "
                              "left out goes back to the install's default")

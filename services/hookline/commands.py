@@ -211,7 +211,8 @@ async def console(args: argparse.Namespace) -> int:
 
 
 # What the CLI may not do to a WebhookEndpoint's row (`enable` after a 410 it may: a recovery).
-RESOURCE_OWNED_ACTIONS = frozenset({"update", "delete", "rotate-secret", "set-retention", "pause", "resume"})
+RESOURCE_OWNED_ACTIONS = frozenset({"update", "delete", "rotate-secret", "set-retention", "set-rate-limit", "pause",
+                                    "resume"})
 
 
 async def endpoints_cmd(args: argparse.Namespace) -> int:
@@ -240,13 +241,14 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
             return await _update_endpoint(conn, args)
         elif args.action == "list":
             print(f"{'NAME':<20} {'STATE':<13} {'ORDERED':<8} {'EVENT TYPES':<28} {'SECRET':<20} "
-                  f"{'KEPT DONE/DEAD':<15} URL")
+                  f"{'KEPT DONE/DEAD':<15} {'RATE LIMIT':<24} URL")
             for e in await endpoints.load(conn):
                 state = endpoint_state(e.enabled, str(e.circuit.state), e.paused)
                 secret = endpoints.fingerprint(e.secrets[0]) if e.secrets else "-"
                 kept = f"{_kept(e.done_hours, 'h')}/{_kept(e.dead_days, 'd')}"
                 print(f"{e.name:<20} {state:<13} {'yes' if e.ordered else 'no':<8} "
-                      f"{','.join(e.event_types):<28} {secret:<20} {kept:<15} {e.url}")
+                      f"{','.join(e.event_types):<28} {secret:<20} {kept:<15} {e.rate_limit or '-'!s:<24} "
+                      f"{e.url}")
         elif args.action == "set-retention":
             try:
                 found = await endpoints.set_retention(conn, args.name, args.done_hours, args.dead_days)
@@ -265,6 +267,8 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
             if unparked is None:
                 return _fail(f"no endpoint named {args.name!r}")
             print(f"endpoint/{args.name} enabled; {unparked} parked deliveries requeued")
+        elif args.action == "set-rate-limit":
+            return await _set_rate_limit(conn, args)
         elif args.action in ("pause", "resume"):
             if not await endpoints.set_paused(conn, args.name, args.action == "pause"):
                 return _fail(f"no endpoint named {args.name!r}")
@@ -279,6 +283,22 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
                   f"{args.overlap_hours:g} h): {rotated}")
     finally:
         await conn.close()
+    return 0
+
+
+async def _set_rate_limit(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
+    from hookline.relay import endpoints
+
+    given = (args.per_second, args.burst, args.max_in_flight)
+    if args.none == any(v is not None for v in given):
+        return _fail("give --none, or --per-second with --burst and/or --max-in-flight")
+    try:
+        limit = None if args.none else endpoints.RateLimit(*given)
+    except endpoints.EndpointError as exc:
+        return _fail(str(exc))
+    if not await endpoints.set_rate_limit(conn, args.name, limit):
+        return _fail(f"no endpoint named {args.name!r}")
+    print(f"endpoint/{args.name}: {'no rate limit' if limit is None else f'limited to {limit}'}")
     return 0
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import asyncpg
 
+from hookline import outbox
 from hookline.console.access import Access
 from hookline.core import db
 from hookline.core.history import redact_headers
@@ -390,9 +391,8 @@ class Store:
             if row is None:
                 raise NotFound(f"no endpoint {endpoint!r}")
             await conn.execute("RESET ROLE")
-            event_id: str = await conn.fetchval(db.query("publish", "outbox.sql"), TEST_EVENT_TYPE,
-                                                json.dumps({"test": True, "sent_by": access.subject}),
-                                                None, None, endpoint, None)
+            event_id = await outbox.publish(conn, TEST_EVENT_TYPE, {"test": True, "sent_by": access.subject},
+                                            endpoint=endpoint)
         return {"event_id": event_id, "endpoint": endpoint, "event_type": TEST_EVENT_TYPE,
                 "parked": not row["enabled"]}
 

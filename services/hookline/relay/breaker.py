@@ -3,7 +3,8 @@
 States and transitions::
 
     closed ---- failure rate >= threshold over the window, with >= min_volume outcomes ---> open
-    open ------ probe_interval later, one relay (the one whose row update wins) probes ---> half_open
+    open ------ 1 s later, doubling with each opening in a row up to probe_interval,
+                one relay (the one whose row update wins) probes -------------------------> half_open
     half_open - close_after probes succeeded --------------------------------------------> closed
     half_open - probe failures reach the failure rate (so a first failed probe does) ----> open
 
@@ -14,7 +15,15 @@ in queue.sql puts due retries first): a delivery that failed before and now
 succeeds is the best evidence of recovery, while a first attempt may fail for
 reasons of its own (an endpoint that refuses every message once). Why probes run one at a time and a failed probe
 re-opens at once: an endpoint that refuses every connection then costs one probe
-per interval, and nothing else.
+per interval, and nothing else. Why the wait before a probe starts at a second and
+doubles with each opening in a row (as resilience4j's exponential wait in the open
+state, or Envoy's ejection time growing with each ejection): an endpoint that is
+alive but fails often (one that refuses every first attempt, say) opens its circuit
+with the burst of first attempts before any retry is due; with a fixed wait of
+probe_interval it would get nothing for that long, again and again, and be starved.
+Its probes (due retries) succeed a second later, and it is slowed instead. A dead
+endpoint reaches the full interval after a handful of probes; half a window closed
+starts the count again.
 
 The window covers the last ``window_seconds`` in two halves: when the current half
 is older than half a window it becomes the previous half, so the rate always
@@ -51,6 +60,8 @@ class CircuitState(enum.StrEnum):
     HALF_OPEN = "half_open"
 
 
+FIRST_PROBE_WAIT = 1.0  # seconds from an opening to its probe, doubling with each opening in a row
+
 # hookline_relay_circuit_state's values: higher is worse.
 STATE_VALUE = {CircuitState.CLOSED: 0, CircuitState.HALF_OPEN: 1, CircuitState.OPEN: 2}
 
@@ -62,7 +73,7 @@ class BreakerSettings:
     failure_rate: float = 0.9  # opens at or above this share of failed attempts ...
     min_volume: int = 20  # ... once the window holds at least this many outcomes
     window_seconds: float = 60.0
-    probe_interval: float = 30.0  # how long an open circuit waits before (the next) probe
+    probe_interval: float = 30.0  # the longest an open circuit waits before (the next) probe
     close_after: int = 3  # successful probes that close a half-open circuit
 
     def problems(self) -> list[str]:
@@ -98,6 +109,7 @@ class Circuit:
     probe_successes: int = 0  # since the circuit went half-open
     probe_failures: int = 0
     consecutive_failures: int = 0  # informational: `hookline endpoints list`
+    openings: int = 0  # in a row, without half a window closed between (the probe wait doubles)
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Circuit:
@@ -107,7 +119,7 @@ class Circuit:
             successes=row["window_successes"], failures=row["window_failures"],
             previous_successes=row["previous_successes"], previous_failures=row["previous_failures"],
             probe_successes=row["probe_successes"], probe_failures=row["probe_failures"],
-            consecutive_failures=row["consecutive_failures"],
+            consecutive_failures=row["consecutive_failures"], openings=row["circuit_openings"],
         )
 
     @property
@@ -154,14 +166,15 @@ class CircuitUpdate:
 
 
 def _rolled(c: Circuit, settings: BreakerSettings, now: datetime) -> Circuit:
+    """The window as of now (closed): a half that ended rolls over, and ends a run of openings."""
     half = timedelta(seconds=settings.window_seconds / 2)
     if c.window_started_at is not None and now - c.window_started_at < half:
         return c
     if c.window_started_at is not None and now - c.window_started_at < 2 * half:
         return dataclasses.replace(c, window_started_at=now, successes=0, failures=0,
-                                   previous_successes=c.successes, previous_failures=c.failures)
+                                   previous_successes=c.successes, previous_failures=c.failures, openings=0)
     return dataclasses.replace(c, window_started_at=now, successes=0, failures=0, previous_successes=0,
-                               previous_failures=0)
+                               previous_failures=0, openings=0)
 
 
 def _fresh_window(c: Circuit, now: datetime) -> Circuit:
@@ -169,11 +182,17 @@ def _fresh_window(c: Circuit, now: datetime) -> Circuit:
                                previous_failures=0)
 
 
+def probe_wait(settings: BreakerSettings, openings: int) -> float:
+    """Seconds from the opening'th opening in a row to its first probe."""
+    return min(settings.probe_interval, FIRST_PROBE_WAIT * 2.0 ** min(max(openings - 1, 0), 30))
+
+
 def _opened(c: Circuit, settings: BreakerSettings, now: datetime) -> Circuit:
     # The counts stay as they were (nothing is counted while open) for the log line and
     # `endpoints list`; closing starts a fresh window.
-    return dataclasses.replace(c, state=CircuitState.OPEN, changed_at=now,
-                               probe_not_before=now + timedelta(seconds=settings.probe_interval))
+    openings = c.openings + 1
+    return dataclasses.replace(c, state=CircuitState.OPEN, changed_at=now, openings=openings,
+                               probe_not_before=now + timedelta(seconds=probe_wait(settings, openings)))
 
 
 def record(c: Circuit, settings: BreakerSettings, now: datetime, outcomes: Outcomes) -> Circuit:
@@ -230,7 +249,7 @@ async def _store(conn: asyncpg.Connection, updates: Sequence[CircuitUpdate]) -> 
         [c.changed_at for c in cs], [c.probe_not_before for c in cs], [c.window_started_at for c in cs],
         [c.successes for c in cs], [c.failures for c in cs], [c.previous_successes for c in cs],
         [c.previous_failures for c in cs], [c.probe_successes for c in cs], [c.probe_failures for c in cs],
-        [c.consecutive_failures for c in cs],
+        [c.consecutive_failures for c in cs], [c.openings for c in cs],
     )
 
 

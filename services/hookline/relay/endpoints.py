@@ -37,6 +37,34 @@ class EndpointError(ValueError):
 
 
 @dataclass(frozen=True)
+class RateLimit:
+    """At most ``burst`` deliveries at once and ``per_second`` on average (None: no rate), and at most
+    ``max_in_flight`` unanswered (None: no such limit), over all relays together (migration 0031)."""
+
+    per_second: float | None = None
+    burst: int | None = None
+    max_in_flight: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.per_second is None) != (self.burst is None):
+            raise EndpointError("give the rate and its burst together (--rate-per-second with --rate-burst)")
+        if self.per_second is not None and not 0 < self.per_second <= 100_000:
+            raise EndpointError(f"the rate must be greater than 0 and at most 100000 per second, "
+                                f"not {self.per_second:g}")
+        for label, value in (("the burst", self.burst), ("max in flight", self.max_in_flight)):
+            if value is not None and not 1 <= value <= 100_000:
+                raise EndpointError(f"{label} must be a whole number from 1 to 100000, not {value}")
+        if self.per_second is None and self.max_in_flight is None:
+            raise EndpointError("a rate limit needs a rate (with its burst) or a max in flight")
+
+    def __str__(self) -> str:
+        parts = [f"{self.per_second:g}/s burst {self.burst}"] if self.per_second is not None else []
+        if self.max_in_flight is not None:
+            parts.append(f"{self.max_in_flight} in flight")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
 class Endpoint:
     name: str
     url: str
@@ -55,6 +83,7 @@ class Endpoint:
     namespace: str | None = None
     # The user's pause (spec.paused, `hookline endpoints pause`): its deliveries wait unclaimed.
     paused: bool = False
+    rate_limit: RateLimit | None = None
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Endpoint:
@@ -65,6 +94,8 @@ class Endpoint:
             timeout=row["timeout_seconds"], enabled=row["enabled"], circuit=Circuit.from_row(row),
             done_hours=row["retention_done_hours"], dead_days=row["retention_dead_days"],
             namespace=row["namespace"], paused=row["paused"],
+            rate_limit=None if row["rate_per_second"] is None and row["max_in_flight"] is None else RateLimit(
+                row["rate_per_second"], row["rate_burst"], row["max_in_flight"]),
         )
 
     @property
@@ -184,6 +215,12 @@ async def managed_by(conn: asyncpg.Connection, name: str) -> str | None:
     operator owns such a row and would undo a change made behind the resource's back."""
     namespace: str | None = await conn.fetchval(outbox.query("endpoint_namespace"), name)
     return name if namespace else None
+
+
+async def set_rate_limit(conn: asyncpg.Connection, name: str, limit: RateLimit | None) -> bool:
+    """Limit an endpoint (None: no limit; its bucket starts full); False when there is no such endpoint."""
+    values = (None, None, None) if limit is None else (limit.per_second, limit.burst, limit.max_in_flight)
+    return await conn.fetchval(outbox.query("set_rate_limit"), name, *values) is not None
 
 
 async def set_paused(conn: asyncpg.Connection, name: str, paused: bool) -> bool:

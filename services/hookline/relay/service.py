@@ -54,6 +54,7 @@ from hookline.relay.endpoints import Endpoint, opened_secrets
 log = logging.getLogger(__name__)
 
 RESPONSE_STORED = 1000  # characters of an answer kept in deliveries.last_response
+MIN_THROTTLE = 0.005  # seconds: a throttled endpoint is looked at again no sooner (no busy loop)
 SUCCESS_COUNT_INTERVAL = 1.0  # seconds successes may wait to be counted for their circuit (see Bookkeeper)
 
 
@@ -228,6 +229,7 @@ class Relay(LeasedConsumer):
         self._rotation = 0
         self._probes: dict[str, int] = {}  # endpoint -> the delivery this relay sends as its probe
         self._probe_looked: dict[str, float] = {}  # endpoint -> when a probe was last asked for in vain
+        self._throttled_until: dict[str, float] = {}  # endpoint -> when its bucket or 429 may let it claim
 
     @classmethod
     def connections(cls, settings: Settings) -> Connections:
@@ -275,6 +277,10 @@ class Relay(LeasedConsumer):
         return self.lease_seconds
 
     # --- endpoints -------------------------------------------------------------------------
+
+    def endpoint(self, name: str) -> Endpoint | None:
+        """The endpoint as this relay last loaded it (a change reaches it with the endpoints' NOTIFY)."""
+        return self._endpoints.get(name)
 
     async def _refresh_endpoints(self) -> None:
         self._endpoints = {e.name: e for e in await endpoints_mod.load(self.pool)}
@@ -340,7 +346,9 @@ class Relay(LeasedConsumer):
                 if not busy:
                     claimed += await self._probe(conn, endpoint)
                 continue
-            rows = await self._claim(conn, endpoint, limit)
+            if self._throttled(endpoint.name):
+                continue
+            rows = await self._claim_within_limit(conn, endpoint, limit)
             if rows:
                 self._start_claimed(endpoint, rows)
             claimed += len(rows)
@@ -360,7 +368,7 @@ class Relay(LeasedConsumer):
             self._probe_looked[name] = time.monotonic()
             return 0
         self._circuits_changed([taken])
-        rows = await self._claim(conn, endpoint, 1)
+        rows = await self._claim_within_limit(conn, endpoint, 1)
         if not rows:
             await breaker.release_probe(self.pool, name)
             self._probe_looked[name] = time.monotonic()
@@ -368,6 +376,55 @@ class Relay(LeasedConsumer):
         self._probes[name] = rows[0]["id"]
         self._start_claimed(self._endpoints.get(name, endpoint), rows, probe=True)
         return 1
+
+    def _throttled(self, name: str) -> bool:
+        """Held back by its rate limit or a 429 until a moment this relay knows (``_throttled_until``)."""
+        until = self._throttled_until.get(name)
+        if until is None:
+            return False
+        if until > time.monotonic():
+            return True
+        del self._throttled_until[name]
+        return False
+
+    async def _claim_within_limit(self, conn: asyncpg.Connection, endpoint: Endpoint, limit: int
+                                  ) -> list[asyncpg.Record]:
+        """Up to ``limit`` deliveries, as many as the endpoint's rate limit (if it has one) allows now."""
+        if endpoint.rate_limit is None:
+            return await self._claim(conn, endpoint, limit)
+        return await self._claim_metered(conn, endpoint, limit)
+
+    async def _claim_metered(self, conn: asyncpg.Connection, endpoint: Endpoint, limit: int
+                             ) -> list[asyncpg.Record]:
+        """The claim of a rate-limited endpoint: its share of the bucket taken, and what the claim did
+        not use given back, in the claim's transaction (lock_endpoint holds the endpoint's row until the
+        commit, so the relays' claims of one limited endpoint take turns and see each other's)."""
+        async with conn.transaction():
+            await conn.execute(outbox.query("lock_endpoint"), endpoint.name)
+            granted, wait = await conn.fetchrow(outbox.query("take_tokens"), endpoint.name, limit)
+            if not granted:
+                # Not due before then: skipped by this relay's rounds, and its idle wait ends then.
+                self._throttled_until[endpoint.name] = time.monotonic() + max(MIN_THROTTLE, wait)
+                return []
+            rows = await self._claim(conn, endpoint, granted)
+            if len(rows) < granted:
+                await conn.execute(outbox.query("return_tokens"), endpoint.name, granted - len(rows))
+        return rows
+
+    async def _idle_timeout(self) -> float:
+        """As every consumer's, and no later than the first throttled endpoint may claim again."""
+        timeout = await super()._idle_timeout()
+        if self._throttled_until:
+            timeout = min(timeout, max(MIN_THROTTLE, min(self._throttled_until.values()) - time.monotonic()))
+        return timeout
+
+    async def _throttle(self, endpoint: Endpoint, retry_after: float | None) -> None:
+        """A 429: pause the endpoint until its Retry-After (1 s without one) in this relay, and in all of
+        them through its bucket, whose rate then halves and recovers (throttle_endpoint)."""
+        pause = retry_after if retry_after is not None else 1.0
+        self._throttled_until[endpoint.name] = time.monotonic() + pause
+        await self.pool.execute(outbox.query("throttle_endpoint"), endpoint.name, pause)
+        log.info("endpoint answered 429: sending it less", extra={"endpoint": endpoint.name, "pause": pause})
 
     async def _claim(self, conn: asyncpg.Connection, endpoint: Endpoint, limit: int) -> list[asyncpg.Record]:
         """The queue claim (due retries first: see claim in queue.sql), each delivery with its event
@@ -397,7 +454,8 @@ class Relay(LeasedConsumer):
     def suspect_partitions(self) -> dict[str, float]:
         # A delivery whose relay died runs alone next time (core/consumer.py). Open circuits too: probes
         # skip suspects, so an endpoint whose only backlog is suspects would otherwise never close.
-        return {e.name: self.lease_seconds for e in self._endpoints.values() if e.claimable}
+        return {e.name: self.lease_seconds for e in self._endpoints.values()
+                if e.claimable and not self._throttled(e.name)}
 
     async def start_suspect(self, row: asyncpg.Record) -> None:
         endpoint = self._endpoints.get(row["endpoint"])
@@ -445,6 +503,11 @@ class Relay(LeasedConsumer):
             self.effect_done(claimed.id)
             await write_completion(lambda: self.bookkeeper.delivered(claimed, result), self.lease_seconds,
                                    {"endpoint": endpoint.name, "event_id": claimed.event_id})
+        elif result.status == 429:
+            # Alive and asking for less: slowed by the limiter, not held against its circuit. A probe's
+            # 429 is a sign of life that ends the probe (or a half-open circuit would wait for its hold).
+            counted = (self.bookkeeper.count(endpoint.name, ok=True, probe=True),) if claimed.probe else ()
+            await asyncio.gather(self._throttle(endpoint, result.retry_after), self._fail(claimed, result), *counted)
         else:  # counted and booked side by side (neither waits for the other)
             await asyncio.gather(self.bookkeeper.count(endpoint.name, ok=False, probe=claimed.probe),
                                  self._fail(claimed, result))

@@ -45,7 +45,7 @@ DELETE FROM hookline.endpoints WHERE name = $1 RETURNING name;
 -- Re-enabling unparks what the endpoint missed while disabled, oldest first.
 WITH e AS (
     UPDATE hookline.endpoints
-    SET enabled = true, disabled_at = NULL, disabled_reason = NULL, consecutive_failures = 0,
+    SET enabled = true, disabled_at = NULL, disabled_reason = NULL, consecutive_failures = 0, circuit_openings = 0,
         circuit_open_until = NULL, circuit_state = 'closed', circuit_changed_at = now(), window_started_at = NULL,
         window_successes = 0, window_failures = 0, previous_successes = 0, previous_failures = 0
     WHERE name = $1
@@ -184,7 +184,7 @@ WHERE a.queue = 'deliveries' AND a.row_id = r.id AND a.attempt = recorded.attemp
 -- which blocks publishers and deadlocks two transactions that both hold KEY SHARE.
 SELECT name, circuit_state, circuit_changed_at, circuit_open_until, window_started_at, window_successes,
        window_failures, previous_successes, previous_failures, probe_successes, probe_failures,
-       consecutive_failures, now() AS now
+       consecutive_failures, circuit_openings, now() AS now
 FROM hookline.endpoints
 WHERE name = ANY($1::text[])
 ORDER BY name
@@ -196,11 +196,12 @@ SET circuit_state = c.state, circuit_changed_at = c.changed_at, circuit_open_unt
     window_started_at = c.window_started_at, window_successes = c.successes, window_failures = c.failures,
     previous_successes = c.previous_successes, previous_failures = c.previous_failures,
     probe_successes = c.probe_successes, probe_failures = c.probe_failures,
-    consecutive_failures = c.consecutive_failures
+    consecutive_failures = c.consecutive_failures, circuit_openings = c.openings
 FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::timestamptz[], $6::integer[],
-            $7::integer[], $8::integer[], $9::integer[], $10::integer[], $11::integer[], $12::integer[])
+            $7::integer[], $8::integer[], $9::integer[], $10::integer[], $11::integer[], $12::integer[],
+            $13::integer[])
     AS c(name, state, changed_at, probe_not_before, window_started_at, successes, failures, previous_successes,
-         previous_failures, probe_successes, probe_failures, consecutive_failures)
+         previous_failures, probe_successes, probe_failures, consecutive_failures, openings)
 WHERE e.name = c.name;
 
 -- name: circuits_changed
@@ -260,3 +261,75 @@ SET url = coalesce($2, url), event_types = coalesce($3, event_types), ordered = 
     max_delay_seconds = coalesce($7, max_delay_seconds), timeout_seconds = coalesce($8, timeout_seconds)
 WHERE name = $1
 RETURNING initial_delay_seconds <= max_delay_seconds AS sane;
+
+-- name: lock_endpoint
+-- A rate-limited endpoint's row, locked until the claim's transaction commits: the relays' claims
+-- of one limited endpoint take turns. Its own statement, before take_tokens: a statement's snapshot
+-- is taken when it starts, so take_tokens, started once the lock is held, counts as in flight
+-- every delivery claimed by the relay that held it before. (Counted in the statement that waited
+-- for the lock, they would be missing: a row lock's wait rereads the locked row, nothing else.)
+SELECT FROM hookline.endpoints WHERE name = $1 FOR NO KEY UPDATE;
+
+-- name: take_tokens
+-- A rate-limited endpoint's share of the next claim ($1 the endpoint, $2 how many the relay
+-- would claim), in the claim's own transaction, after lock_endpoint. By statement_timestamp(),
+-- not now(): the transaction's start was before its wait for the lock, and a bucket refilled up
+-- to a moment its previous holder had passed would be refilled twice for the time between.
+-- granted: at most the whole tokens in the bucket (refilled at rate_per_second times the
+-- throttle factor since it was last taken, up to rate_burst) and the room max_in_flight leaves;
+-- wait: seconds until a claim may be granted something (the next token, the end of a 429's
+-- Retry-After; 0.1 when only max_in_flight holds it back: a completion frees room, unannounced).
+WITH e AS MATERIALIZED (
+    SELECT name, rate_per_second * hookline.throttle_factor(throttled_factor, throttled_until, statement_timestamp()) AS rate,
+           rate_burst, throttled_until, rate_per_second IS NOT NULL AS metered,
+           CASE WHEN rate_per_second IS NULL THEN NULL
+                ELSE least(rate_burst::float8, coalesce(rate_tokens, rate_burst::float8)
+                           + rate_per_second * hookline.throttle_factor(throttled_factor, throttled_until, statement_timestamp())
+                             * greatest(0.0, extract(epoch FROM statement_timestamp() - greatest(coalesce(rate_updated_at, statement_timestamp()),
+                                                                               coalesce(throttled_until, '-infinity'))))) END
+               AS tokens,
+           max_in_flight - (SELECT count(*) FROM hookline.deliveries AS d
+                            WHERE d.endpoint = $1 AND d.status = 'processing') AS room
+    FROM hookline.endpoints WHERE name = $1
+), g AS (
+    SELECT e.*, CASE WHEN throttled_until > statement_timestamp() THEN 0
+                     ELSE greatest(0, least($2::integer, coalesce(floor(tokens)::integer, $2::integer),
+                                            coalesce(room::integer, $2::integer))) END AS granted
+    FROM e
+)
+UPDATE hookline.endpoints AS t
+SET rate_tokens = CASE WHEN g.metered AND (g.throttled_until IS NULL OR g.throttled_until <= statement_timestamp())
+                       THEN g.tokens - g.granted ELSE t.rate_tokens END,
+    rate_updated_at = CASE WHEN g.throttled_until > statement_timestamp() THEN t.rate_updated_at
+                           ELSE greatest(t.rate_updated_at, statement_timestamp()) END
+FROM g WHERE t.name = g.name
+RETURNING g.granted,
+    CASE WHEN g.throttled_until > statement_timestamp() THEN extract(epoch FROM g.throttled_until - statement_timestamp())
+         WHEN g.granted > 0 THEN 0.0
+         WHEN g.room IS NOT NULL AND g.room <= 0 THEN 0.1
+         WHEN g.metered THEN greatest(0.0, (1.0 - (g.tokens - g.granted)) / g.rate)
+         ELSE 0.0 END::float8 AS wait;
+
+-- name: return_tokens
+-- Tokens granted for a claim that found fewer deliveries (in the same transaction).
+UPDATE hookline.endpoints SET rate_tokens = least(rate_burst::float8, rate_tokens + $2)
+WHERE name = $1 AND rate_per_second IS NOT NULL;
+
+-- name: throttle_endpoint
+-- A 429 with Retry-After $2 seconds: the bucket stops until then, and the rate it gets after is
+-- halved (down to a tenth) and grows back over a minute (hookline.throttle_factor). One at a time:
+-- answers to several deliveries sent before the first 429 count once per Retry-After.
+UPDATE hookline.endpoints
+SET throttled_factor = CASE WHEN throttled_until > now() THEN throttled_factor
+                            ELSE greatest(0.1, hookline.throttle_factor(throttled_factor, throttled_until, now()) / 2) END,
+    throttled_at = now(),
+    throttled_until = greatest(coalesce(throttled_until, now()), now() + make_interval(secs => $2)),
+    rate_tokens = 0
+WHERE name = $1
+RETURNING name;
+
+-- name: set_rate_limit
+UPDATE hookline.endpoints
+SET rate_per_second = $2, rate_burst = $3, max_in_flight = $4, rate_tokens = NULL, rate_updated_at = NULL
+WHERE name = $1
+RETURNING name;

@@ -1077,6 +1077,15 @@ BEGIN
 END $$;
 
 
+--
+-- Name: throttle_factor(double precision, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: hookline; Owner: -
+--
+
+CREATE FUNCTION hookline.throttle_factor(factor double precision, since timestamp with time zone, now timestamp with time zone) RETURNS double precision
+    LANGUAGE sql IMMUTABLE
+    RETURN CASE WHEN ((since IS NULL) OR (since >= now)) THEN factor ELSE LEAST((1.0)::double precision, (factor + ((((1.0)::double precision - factor) * (EXTRACT(epoch FROM (now - since)))::double precision) / (60.0)::double precision))) END;
+
+
 SET default_tablespace = '';
 
 --
@@ -1244,17 +1253,31 @@ CREATE TABLE hookline.endpoints (
     resource_name text,
     owner_uid text,
     paused boolean DEFAULT false NOT NULL,
+    rate_per_second double precision,
+    rate_burst integer,
+    max_in_flight integer,
+    rate_tokens double precision,
+    rate_updated_at timestamp with time zone,
+    throttled_at timestamp with time zone,
+    throttled_until timestamp with time zone,
+    throttled_factor double precision DEFAULT 1 NOT NULL,
+    circuit_openings integer DEFAULT 0 NOT NULL,
     CONSTRAINT endpoints_circuit_state_check CHECK ((circuit_state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
     CONSTRAINT endpoints_initial_delay_seconds_check CHECK ((initial_delay_seconds >= (0)::double precision)),
     CONSTRAINT endpoints_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT endpoints_max_delay_seconds_check CHECK ((max_delay_seconds >= (0)::double precision)),
+    CONSTRAINT endpoints_max_in_flight_check CHECK ((max_in_flight >= 1)),
     CONSTRAINT endpoints_qualified_name CHECK (
 CASE
     WHEN (namespace IS NULL) THEN ((strpos(name, '/'::text) = 0) AND (resource_name IS NULL))
     ELSE (name = ((namespace || '/'::text) || resource_name))
 END),
+    CONSTRAINT endpoints_rate_burst_check CHECK ((rate_burst >= 1)),
+    CONSTRAINT endpoints_rate_limit_whole CHECK (((rate_per_second IS NULL) = (rate_burst IS NULL))),
+    CONSTRAINT endpoints_rate_per_second_check CHECK ((rate_per_second > (0)::double precision)),
     CONSTRAINT endpoints_retention_dead_days_check CHECK ((retention_dead_days > (0)::double precision)),
     CONSTRAINT endpoints_retention_done_hours_check CHECK ((retention_done_hours > (0)::double precision)),
+    CONSTRAINT endpoints_throttled_factor_check CHECK (((throttled_factor > (0)::double precision) AND (throttled_factor <= (1)::double precision))),
     CONSTRAINT endpoints_timeout_seconds_check CHECK ((timeout_seconds > (0)::double precision))
 );
 
@@ -2302,7 +2325,7 @@ ALTER INDEX hookline.outbox_pkey ATTACH PARTITION hookline.outbox_default_pkey;
 -- Name: endpoints endpoints_changed; Type: TRIGGER; Schema: hookline; Owner: -
 --
 
-CREATE TRIGGER endpoints_changed AFTER INSERT OR DELETE OR UPDATE OF url, event_types, ordered, secrets, max_attempts, initial_delay_seconds, max_delay_seconds, timeout_seconds, enabled, paused OR TRUNCATE ON hookline.endpoints FOR EACH STATEMENT EXECUTE FUNCTION hookline.endpoints_changed();
+CREATE TRIGGER endpoints_changed AFTER INSERT OR DELETE OR UPDATE OF url, event_types, ordered, secrets, max_attempts, initial_delay_seconds, max_delay_seconds, timeout_seconds, enabled, paused, rate_per_second, rate_burst, max_in_flight OR TRUNCATE ON hookline.endpoints FOR EACH STATEMENT EXECUTE FUNCTION hookline.endpoints_changed();
 
 
 --
@@ -2820,6 +2843,13 @@ REVOKE ALL ON FUNCTION hookline.report_handler_problem(provider_name text, handl
 --
 
 REVOKE ALL ON FUNCTION hookline.set_outbox_partition_width(width interval, premake integer) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION throttle_factor(factor double precision, since timestamp with time zone, now timestamp with time zone); Type: ACL; Schema: hookline; Owner: -
+--
+
+REVOKE ALL ON FUNCTION hookline.throttle_factor(factor double precision, since timestamp with time zone, now timestamp with time zone) FROM PUBLIC;
 
 
 --
