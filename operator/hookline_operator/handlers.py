@@ -1,4 +1,4 @@
-"""kopf's entry points for WebhookProvider: thin functions over the modules that decide, registered
+"""kopf's entry points for WebhookProvider and WebhookEndpoint: thin functions over the modules that decide, registered
 by ``register`` once the command line is parsed (their timer interval is an argument).
 
 - startup/cleanup: the operator-level memo (pool, Kubernetes client, the maintainer whose
@@ -33,7 +33,7 @@ from hookline.core.dedicated import DedicatedConnection
 from hookline.core.maintenance import Maintainer
 from hookline.core.settings import transaction_pooling
 from hookline.core.tasks import cancel_and_wait
-from hookline_operator import apiserver_probe, budget, leases, provider_status, stats, tenancy, tokens
+from hookline_operator import apiserver_probe, budget, endpoints, leases, provider_status, stats, tenancy, tokens
 from hookline_operator.conditions import set_condition
 from hookline_operator.kube import GROUP, PLURAL, VERSION, Kube
 from hookline_operator.memo import OperatorMemo, resource_state
@@ -60,7 +60,20 @@ def register(interval: float) -> kopf.OperatorRegistry:
         kopf.timer(*resource, interval=interval, initial_delay=min(interval, 1.0), when=_not_deleting,
                    registry=registry)(timer)
     kopf.on.delete(*resource, registry=registry)(delete)
+    register_endpoints(registry, interval)
     return registry
+
+
+def register_endpoints(registry: kopf.OperatorRegistry, interval: float) -> None:
+    """WebhookEndpoint (endpoints.py): reconciled on change, and on one timer that converges, writes
+    the status and acts on the annotation requests."""
+    resource = (GROUP, VERSION, endpoints.PLURAL)
+    for on_change in (kopf.on.resume(*resource, registry=registry), kopf.on.create(*resource, registry=registry),
+                      kopf.on.update(*resource, field="spec", registry=registry)):
+        on_change(endpoint_reconcile)
+    kopf.timer(*resource, interval=interval, initial_delay=min(interval, 1.0), when=_not_deleting,
+               registry=registry)(endpoint_tick)
+    kopf.on.delete(*resource, registry=registry)(endpoint_delete)
 
 
 def _not_deleting(meta: kopf.Meta, **_: Any) -> bool:
@@ -163,6 +176,24 @@ async def delete(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
                                           f"events stay")
     else:
         announce(body, "ProviderNotOwned", f"provider name {res.name} was not this resource's; nothing removed")
+
+
+# --- WebhookEndpoint ---------------------------------------------------------------------------
+
+
+async def endpoint_reconcile(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: OperatorMemo,
+                             patch: kopf.Patch, **_: Any) -> None:
+    await endpoints.sync_status(body, dict(spec), dict(status), memo.db, memo.k8s, patch)
+
+
+async def endpoint_tick(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: OperatorMemo,
+                        patch: kopf.Patch, **_: Any) -> None:
+    await endpoints.sync_status(body, dict(spec), dict(status), memo.db, memo.k8s, patch)
+    await endpoints.annotation_requests(body, dict(spec), dict(status), memo.db, memo.k8s, patch)
+
+
+async def endpoint_delete(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
+    await endpoints.delete(body, memo.db)
 
 
 # --- scaling -------------------------------------------------------------------------------------

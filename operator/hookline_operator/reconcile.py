@@ -109,6 +109,25 @@ def announce(body: kopf.Body, reason: str, message: str, warning: bool = False) 
 # --- the signing Secret --------------------------------------------------------------------------
 
 
+class SigningSecret(NamedTuple):
+    """Where a resource's signing key lives: a Secret named by the user (read, never written) or one
+    the operator creates on a generated name and owns (and may rotate)."""
+
+    kind: str  # WebhookProvider, WebhookEndpoint: for messages
+    ref_field: str  # the spec field that names a user's Secret, for messages
+    name: str
+    key: str
+    explicit: bool  # named by the user
+    scheme: str
+    labels: dict[str, str]
+
+
+def provider_secret(res: Resource, spec: dict[str, Any]) -> SigningSecret:
+    secret_name, key = resources.secret_ref(res.name, spec)
+    return SigningSecret("WebhookProvider", "spec.signature.secretRef", secret_name, key, _explicit_ref(spec),
+                         _scheme(spec), {"hookline.io/provider": res.name})
+
+
 def _explicit_ref(spec: dict[str, Any]) -> bool:
     return bool(((spec.get("signature") or {}).get("secretRef") or {}).get("name"))
 
@@ -118,17 +137,22 @@ def _scheme(spec: dict[str, Any]) -> str:
 
 
 def describe_secret(res: Resource, spec: dict[str, Any], observed: ObservedSecret | None) -> SecretState:
-    """The SecretState of what is there (pure: tests call it without a cluster)."""
-    secret_name, key = resources.secret_ref(res.name, spec)
-    source = secret_source(_explicit_ref(spec), _scheme(spec), observed.owner_uids if observed else None, res.uid)
+    """The SecretState of a WebhookProvider's signing Secret (pure: tests call it without a cluster)."""
+    return describe_signing_secret(res, provider_secret(res, spec), observed)
+
+
+def describe_signing_secret(res: Resource, wanted: SigningSecret, observed: ObservedSecret | None) -> SecretState:
+    """The SecretState of what is there (pure)."""
+    secret_name, key = wanted.name, wanted.key
+    source = secret_source(wanted.explicit, wanted.scheme, observed.owner_uids if observed else None, res.uid)
     if source is SecretSource.NONE_NEEDED:
         return SecretState(True, "NotRequired", "scheme none needs no secret", source)
     if observed is None:
         return SecretState(False, "SecretMissing", f"Secret {secret_name} does not exist", source, secret_name)
     if source is SecretSource.CONFLICT:
         return SecretState(False, "ResourceConflict",
-                           f"Secret {secret_name} exists but was not created for this WebhookProvider (no "
-                           f"ownerReference to it); the operator never adopts it: set spec.signature.secretRef "
+                           f"Secret {secret_name} exists but was not created for this {wanted.kind} (no "
+                           f"ownerReference to it); the operator never adopts it: set {wanted.ref_field} "
                            f"to use it as the signing secret, or delete it", source, secret_name)
     if not observed.data.get(key):
         return SecretState(False, "SecretKeyMissing", f"Secret {secret_name} has no key {key!r}", source,
@@ -141,29 +165,36 @@ def describe_secret(res: Resource, spec: dict[str, Any], observed: ObservedSecre
 
 
 async def observe_secret(kube: Kube, res: Resource, spec: dict[str, Any]) -> SecretState:
-    if _scheme(spec) == "none":
-        return describe_secret(res, spec, None)
-    return describe_secret(res, spec, await kube.read_secret(res.namespace, resources.secret_ref(res.name, spec)[0]))
+    return await observe_signing_secret(kube, res, provider_secret(res, spec))
+
+
+async def observe_signing_secret(kube: Kube, res: Resource, wanted: SigningSecret) -> SecretState:
+    if wanted.scheme == "none":
+        return describe_signing_secret(res, wanted, None)
+    return describe_signing_secret(res, wanted, await kube.read_secret(res.namespace, wanted.name))
 
 
 async def ensure_secret(kube: Kube, body: kopf.Body, res: Resource, spec: dict[str, Any]) -> SecretState:
+    return await ensure_signing_secret(kube, body, res, provider_secret(res, spec))
+
+
+async def ensure_signing_secret(kube: Kube, body: kopf.Body, res: Resource, wanted: SigningSecret) -> SecretState:
     """The signing Secret, created (owned by the resource) when it does not exist."""
-    state = await observe_secret(kube, res, spec)
+    state = await observe_signing_secret(kube, res, wanted)
     if state.reason != "SecretMissing":
         return state
-    secret_name, key = resources.secret_ref(res.name, spec)
-    value = get_scheme(_scheme(spec)).generate_secret()
-    manifest = resources.secret_manifest(res.name, secret_name, key, value)
+    value = get_scheme(wanted.scheme).generate_secret()
+    manifest = resources.secret_manifest(res.name, wanted.name, wanted.key, value, wanted.labels)
     kopf.adopt(manifest, owner=body)
     try:
         await kube.create_secret(res.namespace, manifest)
     except ApiException as exc:
         if exc.status != 409:
             raise
-        return await observe_secret(kube, res, spec)  # created meanwhile (by whom decides the rest)
-    announce(body, "SecretCreated", f"created Secret {secret_name} with a new {_scheme(spec)} secret")
-    return SecretState(True, "SecretCreated", f"Secret {secret_name} created, managed by the operator",
-                       SecretSource.MANAGED, secret_name, {key: value})
+        return await observe_signing_secret(kube, res, wanted)  # created meanwhile (by whom decides the rest)
+    announce(body, "SecretCreated", f"created Secret {wanted.name} with a new {wanted.scheme} secret")
+    return SecretState(True, "SecretCreated", f"Secret {wanted.name} created, managed by the operator",
+                       SecretSource.MANAGED, wanted.name, {wanted.key: value})
 
 
 # --- the provider row ----------------------------------------------------------------------------

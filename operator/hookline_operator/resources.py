@@ -24,12 +24,15 @@ def secret_ref(name: str, spec: dict[str, Any]) -> tuple[str, str]:
     return ref.get("name") or f"{name}-webhook-secret", ref.get("key") or "secret"
 
 
-def secret_manifest(provider: str, secret_name: str, key: str, value: str) -> dict[str, Any]:
+def secret_manifest(provider: str, secret_name: str, key: str, value: str,
+                    labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Secret the operator owns; labelled with its provider (or ``labels``: an endpoint's)."""
+    own = labels if labels is not None else {"hookline.io/provider": provider}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": {"name": secret_name, "labels": {**MANAGED_BY, "hookline.io/provider": provider}},
+        "metadata": {"name": secret_name, "labels": {**MANAGED_BY, **own}},
         "stringData": {key: value},
     }
 

@@ -88,13 +88,12 @@ def password_in(url: str | None, role: str) -> str | None:
     return unquote(parts.password)
 
 
-def _secret_manifest(provider: str, name: str, data: dict[str, str]) -> dict[str, Any]:
+def _secret_manifest(labels: dict[str, str], name: str, data: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": {"name": name, "labels": {**resources.MANAGED_BY, "hookline.io/provider": provider,
-                                              "hookline.io/credential": "database"}},
+        "metadata": {"name": name, "labels": {**resources.MANAGED_BY, **labels, "hookline.io/credential": "database"}},
         "stringData": data,
     }
 
@@ -110,20 +109,25 @@ def _credential_data(base_url: str, session_base_url: str | None, role: str, pas
 
 async def ensure_worker_credentials(kube: SecretApi, conn: asyncpg.Connection | asyncpg.Pool, owner: Any,
                                     namespace: str, provider: str, uid: str, base_url: str,
-                                    session_base_url: str | None = None) -> Outcome:
+                                    session_base_url: str | None = None, *, secret_name: str | None = None,
+                                    kind: str = "WebhookProvider") -> Outcome:
     """The provider's workers' role logs in with the password in their Secret, which exists.
 
     ``owner`` is the WebhookProvider body (for the owner reference). A Secret of that name that is
     not this resource's is never touched (ResourceConflict). The Secret is the password's one home,
     written first; the role follows it. Reconcile and the sync timer may run this at once for one
     resource: whichever creates the Secret wins, and both then give the role that Secret's password.
+    The same serves a WebhookEndpoint's publisher credential (``kind``, its ``secret_name``): a
+    tenant role of the namespace either way.
     """
-    secret_name = resources.database_secret_name(provider)
+    secret_name = secret_name or resources.database_secret_name(provider)
     role = role_name(urlsplit(base_url).path.lstrip("/") or "postgres", uid)
     existing = await kube.read_secret(namespace, secret_name)
-    outcome = Outcome(True, "CredentialsReady", f"workers log in as database role {role} (Secret {secret_name})")
+    who = "workers log in" if kind == "WebhookProvider" else "publishers log in"
+    outcome = Outcome(True, "CredentialsReady", f"{who} as database role {role} (Secret {secret_name})")
     if existing is None:
-        manifest = _secret_manifest(provider, secret_name,
+        label = {"hookline.io/provider" if kind == "WebhookProvider" else "hookline.io/endpoint": provider}
+        manifest = _secret_manifest(label, secret_name,
                                     _credential_data(base_url, session_base_url, role, secrets.token_urlsafe(32)))
         if await _create_owned(kube, namespace, manifest, owner):
             outcome = Outcome(True, "CredentialsCreated", f"created Secret {secret_name} for database role {role}")
@@ -132,7 +136,7 @@ async def ensure_worker_credentials(kube: SecretApi, conn: asyncpg.Connection | 
             return Outcome(False, "CredentialsPending", f"Secret {secret_name} was deleted while it was written")
     if uid not in existing.owner_uids:
         return Outcome(False, "ResourceConflict",
-                       f"Secret {secret_name} exists and is not owned by this WebhookProvider; "
+                       f"Secret {secret_name} exists and is not owned by this {kind}; "
                        "the operator never adopts it: delete or rename it")
     url = existing.data.get(resources.DATABASE_SECRET_KEY)
     password = password_in(url, role) or unquote(urlsplit(url or "").password or "") or secrets.token_urlsafe(32)

@@ -25,7 +25,7 @@ from hookline_operator.conditions import now_iso
 from hookline_operator.kube import Kube
 from hookline_operator.memo import OperatorMemo, resource_state
 from hookline_operator.ownership import Resource, owns, resource_of
-from hookline_operator.reconcile import SecretState, announce, observe_secret
+from hookline_operator.reconcile import SecretState, SigningSecret, announce, observe_secret, provider_secret
 
 REPLAY_ANNOTATION = "hookline.io/replay-dlq"
 ROTATE_ANNOTATION = "hookline.io/rotate-secret"
@@ -94,11 +94,16 @@ def rotation_refusal(secret: SecretState, owns_name: bool) -> str | None:
 
 
 async def rotate(kube: Kube, res: Resource, spec: dict[str, Any], token: str) -> str:
+    """Rotate a WebhookProvider's signing Secret (rotate_secret)."""
+    overlap = int((spec.get("signature") or {}).get("rotationOverlapSeconds", DEFAULT_OVERLAP))
+    return await rotate_secret(kube, res, provider_secret(res, spec), overlap, token)
+
+
+async def rotate_secret(kube: Kube, res: Resource, wanted: SigningSecret, overlap: int, token: str) -> str:
     """A new secret once per token (the Secret's ROTATED_FOR annotation makes a retry after a crash
     a no-op); the old secret stays valid for the overlap window. Returns the Event message.
-    The caller has checked ``rotation_refusal``: the Secret is this resource's."""
-    secret_name, key = resources.secret_ref(res.name, spec)
-    overlap = int((spec.get("signature") or {}).get("rotationOverlapSeconds", DEFAULT_OVERLAP))
+    The caller has checked that the Secret is this resource's (``rotation_refusal``)."""
+    secret_name, key, scheme = wanted.name, wanted.key, wanted.scheme
     observed = await kube.read_secret(res.namespace, secret_name)
     if observed is None or not owns(observed.owner_uids, res.uid):
         raise RuntimeError(f"Secret {secret_name} is gone or no longer this resource's; not rotated")
@@ -109,7 +114,6 @@ async def rotate(kube: Kube, res: Resource, spec: dict[str, Any], token: str) ->
                 if datetime.fromisoformat(e["notAfter"]) > now]
     if observed.data.get(key):
         previous.append({"value": observed.data[key], "notAfter": (now + timedelta(seconds=overlap)).isoformat()})
-    scheme = str((spec.get("signature") or {}).get("scheme"))
     await kube.patch_secret(res.namespace, secret_name,
                             {key: get_scheme(scheme).generate_secret(), resources.PREVIOUS_KEY: json.dumps(previous)},
                             annotations={ROTATED_FOR: token})

@@ -310,14 +310,14 @@ runs the operator's scenarios as this role. */}}
 # Its own resource: kopf lists and watches it and patches finalizers and annotations (its handler
 # state); the operator gets one to check that a provider name's owner still exists.
 - apiGroups: [hookline.io]
-  resources: [webhookproviders]
+  resources: [webhookproviders, webhookendpoints]
   verbs: [get, list, watch, patch]
 - apiGroups: [hookline.io]
-  resources: [webhookproviders/status]
+  resources: [webhookproviders/status, webhookendpoints/status]
   verbs: [patch]
 # Owner references with blockOwnerDeletion need this where OwnerReferencesPermissionEnforcement is on.
 - apiGroups: [hookline.io]
-  resources: [webhookproviders/finalizers]
+  resources: [webhookproviders/finalizers, webhookendpoints/finalizers]
   verbs: [update]
 # Its Secrets (signing secret, the workers' database credential, the destination key): read one by
 # name, create it when absent, patch it to rotate. No list/watch: it never enumerates Secrets.

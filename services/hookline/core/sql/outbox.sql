@@ -333,3 +333,64 @@ UPDATE hookline.endpoints
 SET rate_per_second = $2, rate_burst = $3, max_in_flight = $4, rate_tokens = NULL, rate_updated_at = NULL
 WHERE name = $1
 RETURNING name;
+
+-- --- WebhookEndpoint resources (operator/hookline_operator/endpoints.py) ---------------------------
+
+-- name: owned_endpoint
+-- The row of WebhookEndpoint $1 (NAMESPACE/NAME), as the operator compares it with the resource.
+SELECT * FROM hookline.endpoints WHERE name = $1;
+
+-- name: sync_endpoint
+-- Store WebhookEndpoint $1 (NAMESPACE/NAME: $2 and $3) of resource uid $4 as its spec says; the
+-- operator calls it only when the row differs, since the endpoints_changed trigger makes every relay
+-- re-read its endpoints. A row of the same NAMESPACE/NAME left by a deleted resource (its finalizer
+-- removed by hand) is taken over: only that namespace can hold the name. The bucket starts again
+-- when the rate changes; deliveries, circuit and disabled state stay.
+INSERT INTO hookline.endpoints AS e (name, namespace, resource_name, owner_uid, url, event_types, ordered, secrets,
+                                     max_attempts, initial_delay_seconds, max_delay_seconds, timeout_seconds,
+                                     retention_done_hours, retention_dead_days, paused, rate_per_second, rate_burst,
+                                     max_in_flight)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::text::jsonb, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+ON CONFLICT (name) DO UPDATE
+SET owner_uid = EXCLUDED.owner_uid, url = EXCLUDED.url, event_types = EXCLUDED.event_types,
+    ordered = EXCLUDED.ordered, secrets = EXCLUDED.secrets, max_attempts = EXCLUDED.max_attempts,
+    initial_delay_seconds = EXCLUDED.initial_delay_seconds, max_delay_seconds = EXCLUDED.max_delay_seconds,
+    timeout_seconds = EXCLUDED.timeout_seconds, retention_done_hours = EXCLUDED.retention_done_hours,
+    retention_dead_days = EXCLUDED.retention_dead_days, paused = EXCLUDED.paused,
+    rate_per_second = EXCLUDED.rate_per_second, rate_burst = EXCLUDED.rate_burst,
+    max_in_flight = EXCLUDED.max_in_flight,
+    rate_tokens = CASE WHEN (e.rate_per_second, e.rate_burst) IS NOT DISTINCT FROM
+                             (EXCLUDED.rate_per_second, EXCLUDED.rate_burst) THEN e.rate_tokens END,
+    rate_updated_at = CASE WHEN (e.rate_per_second, e.rate_burst) IS NOT DISTINCT FROM
+                                 (EXCLUDED.rate_per_second, EXCLUDED.rate_burst) THEN e.rate_updated_at END
+WHERE e.namespace = EXCLUDED.namespace
+RETURNING name;
+
+-- name: release_endpoint
+-- A deleted WebhookEndpoint's row, only while resource $2 owns it; its deliveries go with it.
+DELETE FROM hookline.endpoints WHERE name = $1 AND owner_uid = $2 RETURNING name;
+
+-- name: lock_owned_endpoint
+-- In a replay's transaction: the row stays this resource's until the commit.
+SELECT true FROM hookline.endpoints WHERE name = $1 AND owner_uid = $2 FOR SHARE;
+
+-- name: endpoint_status
+-- A WebhookEndpoint's numbers for its status: what waits (through the partial indexes), the
+-- attempts of the last hour (attempts_part_at_idx) and the newest failure's error among them.
+SELECT e.circuit_state, e.enabled, e.disabled_reason,
+       (SELECT count(*) FROM hookline.deliveries AS d
+        WHERE d.endpoint = e.name AND d.status IN ('pending', 'processing')) AS pending,
+       (SELECT count(*) FROM hookline.deliveries AS d WHERE d.endpoint = e.name AND d.status = 'parked') AS parked,
+       (SELECT count(*) FROM hookline.deliveries AS d WHERE d.endpoint = e.name AND d.status = 'dead') AS dead,
+       recent.done, recent.failed,
+       (SELECT left(a.error, 500) FROM hookline.attempts AS a
+        WHERE a.queue = 'deliveries' AND a.part = e.name AND a.at > now() - interval '1 hour' AND a.outcome <> 'done'
+        ORDER BY a.at DESC LIMIT 1) AS last_error
+FROM hookline.endpoints AS e
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE a.outcome = 'done') AS done,
+           count(*) FILTER (WHERE a.outcome IN ('retry', 'dead')) AS failed
+    FROM hookline.attempts AS a
+    WHERE a.queue = 'deliveries' AND a.part = e.name AND a.at > now() - interval '1 hour'
+) AS recent
+WHERE e.name = $1 AND e.owner_uid = $2;
