@@ -12,6 +12,13 @@ def test_the_provider_spec_reference_is_up_to_date() -> None:
         "docs/provider-spec.md and its sources (crds/, core/signatures.py) disagree: run `make docs`")
 
 
+def test_the_endpoint_spec_reference_is_up_to_date() -> None:
+    assert specdoc.ENDPOINT_DOC.read_text() == specdoc.render_endpoint(), (
+        "docs/endpoint-spec.md and crds/webhookendpoints.hookline.io.yaml disagree: run `make docs`")
+    for path in ("url", "rateLimit.perSecond", "retry.maxAttempts", "secretRef.key"):
+        assert f"| `{path}` |" in specdoc.render_endpoint()
+
+
 def test_every_field_of_the_crd_and_every_scheme_is_in_the_reference() -> None:
     text = specdoc.render()
     for path in ("signature.scheme", "signature.encoding", "ordering.transitions[].on", "workers.tolerations"):
