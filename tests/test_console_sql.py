@@ -207,7 +207,7 @@ async def test_the_deliveries_pages_read_indexes_only(pool: asyncpg.Pool) -> Non
         "deliveries": (db.query("deliveries_page", "console.sql"), (None, None, None, None, None, 51)),
         "deliveries of an endpoint, from a cursor": (db.query("deliveries_page", "console.sql"),
                                                      ("e3", None, None, None, some_id, 51)),
-        "replay count": (db.query("dead_deliveries_to_replay", "console.sql"), (None, "e3", 10001)),
+        "replay count": (db.query("dead_deliveries_to_replay", "console.sql"), (None, "e3", 10001, None)),
         "one delivery": (db.query("delivery", "console.sql"), (some_id, 1024)),
     }
     filled = {r["relname"] for r in await pool.fetch(

@@ -276,3 +276,63 @@ async def test_a_team_reads_only_its_own_providers_through_a_real_console(
         assert world.reader not in proc.logs() and world.replayer not in proc.logs()
     finally:
         proc.stop()
+
+
+async def test_a_team_sees_and_replays_only_its_own_endpoints_through_a_real_console(
+        world: World, database_url: str, pool: Any, log_dir: Path) -> None:
+    """Both teams have a WebhookEndpoint `partner` (rows NAMESPACE/partner, as the operator writes
+    them): `get` on team-a's resource shows team-a's endpoint, deliveries and events only; `patch`
+    replays its dead deliveries and sends it a test event; team-b's are 404s either way."""
+    import aiohttp
+
+    reader = world.account(world.team_a, "endpoint-reader", ["get"], resource="webhookendpoints.hookline.io")
+    replayer = world.account(world.team_a, "endpoint-replayer", ["get", "patch"],
+                             resource="webhookendpoints.hookline.io")
+    a, b = f"{world.team_a}/partner", f"{world.team_b}/partner"
+    for namespace in (world.team_a, world.team_b):
+        await pool.execute("INSERT INTO hookline.endpoints (name, namespace, resource_name, owner_uid, url, secrets) "
+                           "VALUES ($1 || '/partner', $1, 'partner', 'uid-' || $1, 'http://127.0.0.1:9/hooks', "
+                           "'[]')", namespace)
+        await pool.execute("SELECT hookline.publish('order.paid', '{}', NULL, NULL, NULL, $1)", namespace)
+    await pool.execute("UPDATE hookline.deliveries SET status = 'dead', attempts = 1")
+    dead = {r["endpoint"]: r["id"] for r in await pool.fetch("SELECT endpoint, id FROM hookline.deliveries")}
+    proc = world.start_console(database_url, log_dir)
+    try:
+        async with aiohttp.ClientSession(base_url=proc.url) as http:
+            def as_(token: str) -> dict[str, str]:
+                return {"Authorization": f"Bearer {token}"}
+
+            for token in (reader, replayer):
+                async with http.get("/api/v1/endpoints", headers=as_(token)) as answer:
+                    assert [e["name"] for e in (await answer.json())["items"]] == [a]
+                async with http.get("/api/v1/deliveries", headers=as_(token)) as answer:
+                    assert [d["endpoint"] for d in (await answer.json())["items"]] == [a]
+                async with http.get(f"/api/v1/deliveries/{dead[b]}", headers=as_(token)) as answer:
+                    assert answer.status == 404
+                async with http.get(f"/api/v1/deliveries/{dead[a]}", headers=as_(token)) as answer:
+                    assert answer.status == 200 and (await answer.json())["event_type"] == "order.paid"
+            async with http.get("/api/v1/endpoints", headers=as_(world.reader)) as answer:
+                assert (await answer.json())["items"] == []  # rights on providers are not rights on endpoints
+            async with http.post("/api/v1/deliveries/replay", json={"endpoint": a}, headers=as_(reader)) as answer:
+                assert answer.status == 403
+            async with http.post("/api/v1/deliveries/replay", json={"endpoint": b}, headers=as_(replayer)) as answer:
+                assert answer.status == 404
+            async with http.post("/api/v1/deliveries/replay", json={"ids": [dead[b]]},
+                                 headers=as_(replayer)) as answer:
+                assert answer.status == 200 and (await answer.json())["count"] == 0
+            async with http.post("/api/v1/deliveries/replay", json={"all": True}, headers=as_(replayer)) as answer:
+                assert answer.status == 200 and (await answer.json())["count"] == 1
+            async with http.post(f"/api/v1/endpoints/{b}/test", headers=as_(replayer)) as answer:
+                assert answer.status == 404
+            async with http.post(f"/api/v1/endpoints/{a}/test", headers=as_(reader)) as answer:
+                assert answer.status == 403
+            async with http.post(f"/api/v1/endpoints/{a}/test", headers=as_(replayer)) as answer:
+                assert answer.status == 202, await answer.text()
+        statuses = {r["endpoint"]: r["status"] for r in await pool.fetch(
+            "SELECT endpoint, status FROM hookline.deliveries WHERE id = ANY ($1)", list(dead.values()))}
+        assert statuses == {a: "pending", b: "dead"}
+        assert await pool.fetchval("SELECT count(*) FROM hookline.deliveries AS d JOIN hookline.outbox AS o "
+                                   "ON o.id = d.outbox_id WHERE o.event_type = 'hookline.test' "
+                                   "AND d.endpoint = $1 AND o.namespace = $2", a, world.team_a) == 1
+    finally:
+        proc.stop()

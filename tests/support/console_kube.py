@@ -65,19 +65,20 @@ class World:
         self.cluster_reader = self.account(self.team_a, "auditor", ["get", "list"], cluster_wide=True)
         self.cluster_operator = self.account(self.team_a, "platform", ["get", "list", "patch"], cluster_wide=True)
 
-    def account(self, namespace: str, name: str, verbs: list[str], *, cluster_wide: bool = False) -> str:
-        """A ServiceAccount allowed ``verbs`` on webhookproviders (in its namespace, or everywhere);
+    def account(self, namespace: str, name: str, verbs: list[str], *, cluster_wide: bool = False,
+                resource: str = "webhookproviders.hookline.io") -> str:
+        """A ServiceAccount allowed ``verbs`` on ``resource`` (in its namespace, or everywhere);
         returns a real token for it."""
         api = self.api
         api.kubectl("create", "serviceaccount", name, "-n", namespace)
         role = f"{name}-{uuid.uuid4().hex[:6]}"
         verb_args = [f"--verb={v}" for v in verbs]
         if cluster_wide:
-            api.kubectl("create", "clusterrole", role, *verb_args, "--resource=webhookproviders.hookline.io")
+            api.kubectl("create", "clusterrole", role, *verb_args, f"--resource={resource}")
             api.kubectl("create", "clusterrolebinding", role, f"--clusterrole={role}",
                         f"--serviceaccount={namespace}:{name}")
         else:
-            api.kubectl("create", "role", role, "-n", namespace, *verb_args, "--resource=webhookproviders.hookline.io")
+            api.kubectl("create", "role", role, "-n", namespace, *verb_args, f"--resource={resource}")
             api.kubectl("create", "rolebinding", role, "-n", namespace, f"--role={role}",
                         f"--serviceaccount={namespace}:{name}")
         return request_token(api, namespace, name)

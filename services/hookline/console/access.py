@@ -21,19 +21,40 @@ EVERYTHING = None  # an Access's providers: every provider, those no WebhookProv
 @dataclass(frozen=True)
 class Access:
     """What one request may do. ``read`` and ``replay`` are provider names (rows of hookline.providers),
-    or ``EVERYTHING``; ``install_wide``: may read the install's outbox (endpoints and deliveries are
-    not namespaced yet). ``subject`` says who, for the audit trail of replays: never a token."""
+    or ``EVERYTHING``; ``install_wide``: may read the install's whole outbox. ``endpoints`` and
+    ``endpoint_replay``: the WebhookEndpoints (``NAMESPACE/NAME``) whose deliveries it may read and
+    replay besides (their namespaces' events with them). ``subject`` says who, for the audit trail of
+    replays: never a token."""
 
     subject: str
     read: frozenset[str] | None
     replay: frozenset[str] | None
     install_wide: bool
+    endpoints: frozenset[str] = frozenset()
+    endpoint_replay: frozenset[str] = frozenset()
 
     def may_read(self, provider: str) -> bool:
         return self.read is EVERYTHING or provider in self.read
 
     def may_replay(self, provider: str) -> bool:
         return self.replay is EVERYTHING or provider in self.replay
+
+    @property
+    def reads_outbox(self) -> bool:
+        """Anything of the outbox at all: the whole of it, or some namespace's endpoints."""
+        return self.install_wide or bool(self.endpoints)
+
+    @property
+    def replays_every_endpoint(self) -> bool:
+        return self.install_wide and self.replay is EVERYTHING
+
+    def may_replay_endpoint(self, endpoint: str) -> bool:
+        return self.replays_every_endpoint or endpoint in self.endpoint_replay
+
+    @property
+    def namespaces(self) -> frozenset[str]:
+        """The namespaces of the endpoints it may read, whose events it may read."""
+        return frozenset(name.partition("/")[0] for name in self.endpoints if "/" in name)
 
 
 class Authorizer(Protocol):

@@ -194,7 +194,7 @@ ROUTES: list[tuple[str, str, Callable[[web.Request], Awaitable[web.Response]]]] 
     ("GET", "/dead-letters", list_dead_letters),
     ("POST", "/dead-letters/replay", replay_dead_letters),
     ("GET", "/endpoints", list_endpoints),
-    ("POST", "/endpoints/{name}/test", send_test_event),
+    ("POST", "/endpoints/{name:.+}/test", send_test_event),
     ("GET", "/deliveries", list_deliveries),
     ("GET", r"/deliveries/{id:\d{1,20}}", get_delivery),
     ("POST", "/deliveries/replay", replay_deliveries),

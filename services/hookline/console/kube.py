@@ -9,8 +9,10 @@ then asked about, one SubjectAccessReview per provider and verb:
 - ``patch`` on the same: may replay them;
 - providers no WebhookProvider owns (applied with ``hookline providers apply``) belong to nobody's
   namespace: reading them needs ``list`` on webhookproviders in every namespace (a cluster-wide
-  reader, who also gets ``install_wide``: the outbox is not namespaced yet), replaying them needs
-  ``patch`` in every namespace as well.
+  reader, who also gets ``install_wide``: the whole outbox), replaying them needs ``patch`` in every
+  namespace as well;
+- ``get`` / ``patch`` on ``webhookendpoints.hookline.io`` named NAME in NAMESPACE: may read / replay
+  (and send a test event to) endpoint NAMESPACE/NAME, and read its namespace's events.
 
 Wiring (``hookline console --auth kubernetes``)::
 
@@ -50,6 +52,7 @@ from hookline.console.access import Access
 log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL, KIND = "hookline.io", "v1alpha1", "webhookproviders", "WebhookProvider"
+ENDPOINTS = "webhookendpoints"
 REPORTING_COMPONENT = "hookline-console"
 IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0  # the kubelet rotates a projected token well before it expires
@@ -67,6 +70,8 @@ class ProviderOwner(NamedTuple):
 
 
 ProviderSource = Callable[[], Awaitable[Iterable[tuple[str, str | None, str | None]]]]
+# (name, namespace, resource name) of every endpoint a WebhookEndpoint is: NAMESPACE/NAME.
+EndpointSource = Callable[[], Awaitable[Iterable[tuple[str, str, str]]]]
 
 
 class KubeConfigError(RuntimeError):
@@ -152,12 +157,13 @@ class User(NamedTuple):
 
 
 class Review(NamedTuple):
-    """One question: may the user ``verb`` webhookproviders named ``name`` in ``namespace``
-    (``namespace`` "" and ``name`` "": in every namespace)."""
+    """One question: may the user ``verb`` webhookproviders (or ``resource``) named ``name`` in
+    ``namespace`` (``namespace`` "" and ``name`` "": in every namespace)."""
 
     verb: str
     namespace: str
     name: str
+    resource: str = PLURAL
 
 
 CLUSTER_LIST = Review("list", "", "")
@@ -195,6 +201,7 @@ class KubernetesAuthorizer:
     ) -> None:
         self.connection = connection or Connection.load()
         self.provider_source = provider_source
+        self.endpoint_source: EndpointSource | None = None  # none: no namespace's outbox is shown
         self.audiences = tuple(audiences)
         self.ttl = ttl
         self.cache_size = cache_size
@@ -211,12 +218,14 @@ class KubernetesAuthorizer:
     async def authorize(self, token: str) -> Access | None:
         if self.provider_source is None:
             raise RuntimeError("KubernetesAuthorizer.provider_source is not set: nothing to authorise against")
-        return await self.authorize_for(token, await self.provider_source())
+        endpoints = await self.endpoint_source() if self.endpoint_source is not None else ()
+        return await self.authorize_for(token, await self.provider_source(), endpoints)
 
-    async def authorize_for(self, token: str, providers: Iterable[tuple[str, str | None, str | None]]
-                            ) -> Access | None:
-        """The Access of ``token`` over ``providers`` (rows name, owner_namespace, owner_name);
-        None when the API server does not accept the token."""
+    async def authorize_for(self, token: str, providers: Iterable[tuple[str, str | None, str | None]],
+                            endpoints: Iterable[tuple[str, str, str]] = ()) -> Access | None:
+        """The Access of ``token`` over ``providers`` (rows name, owner_namespace, owner_name) and the
+        WebhookEndpoints ``endpoints`` (rows name, namespace, resource name): ``get`` on a resource
+        reads it, ``patch`` replays it. None when the API server does not accept the token."""
         if not token:
             return None
         decisions = await self._decisions(token)
@@ -250,8 +259,28 @@ class KubernetesAuthorizer:
                     read.add(row.name)
                 if cluster_reader and patch_everywhere:
                     replay.add(row.name)
+        endpoint_read, endpoint_replay = await self._endpoint_rights(decisions, list(endpoints))
         return Access(subject=decisions.user.username, read=frozenset(read), replay=frozenset(replay),
-                      install_wide=cluster_reader)
+                      install_wide=cluster_reader, endpoints=endpoint_read, endpoint_replay=endpoint_replay)
+
+    async def _endpoint_rights(self, decisions: _Decisions, rows: list[tuple[str, str, str]]
+                               ) -> tuple[frozenset[str], frozenset[str]]:
+        """The endpoints the user may get and may patch: one review per resource and verb, unless a
+        grant in every namespace answers them all."""
+        if not rows:
+            return frozenset(), frozenset()
+        everywhere = {verb: Review(verb, "", "", ENDPOINTS) for verb in ("get", "patch")}
+        await self._review(decisions, set(everywhere.values()))
+        wanted = {Review(verb, namespace, name, ENDPOINTS) for _, namespace, name in rows for verb in everywhere
+                  if not decisions.allowed.get(everywhere[verb], False)}
+        await self._review(decisions, wanted)
+
+        def may(verb: str, namespace: str, name: str) -> bool:
+            return decisions.allowed.get(everywhere[verb], False) or decisions.allowed.get(
+                Review(verb, namespace, name, ENDPOINTS), False)
+
+        return (frozenset(row[0] for row in rows if may("get", row[1], row[2])),
+                frozenset(row[0] for row in rows if may("patch", row[1], row[2])))
 
     async def record_replay(self, owner_namespace: str, owner_name: str, owner_uid: str, subject: str,
                             count: int) -> bool:
@@ -333,7 +362,7 @@ class KubernetesAuthorizer:
                 decisions.allowed[review] = allowed
 
     async def _access_review(self, user: User, review: Review) -> bool | None:
-        attributes = {"verb": review.verb, "group": GROUP, "version": VERSION, "resource": PLURAL}
+        attributes = {"verb": review.verb, "group": GROUP, "version": VERSION, "resource": review.resource}
         if review.namespace:
             attributes["namespace"] = review.namespace
         if review.name:

@@ -339,9 +339,12 @@ async def _confirm_then_replay(request: web.Request, access: Access, token: str,
     raise web.HTTPSeeOther(f"{back}{'&' if '?' in back else '?'}{urlencode({'replayed': done['count']})}")
 
 
-def _may_change_outbox(access: Access) -> bool:
-    """Replaying deliveries and sending test events need install-wide rights (as the store checks)."""
-    return access.install_wide and access.replay is None
+def _may_change_outbox(access: Access, endpoint: str | None = None) -> bool:
+    """Replaying deliveries and sending test events: of every endpoint with install-wide rights, of a
+    namespace's endpoint with patch on its WebhookEndpoint (as the store checks)."""
+    if endpoint is None:
+        return access.replays_every_endpoint or bool(access.endpoint_replay)
+    return access.may_replay_endpoint(endpoint)
 
 
 async def _checked_form(request: web.Request) -> tuple[Access, str]:
@@ -355,10 +358,11 @@ async def _checked_form(request: web.Request) -> tuple[Access, str]:
 @page
 async def endpoints_page(request: web.Request) -> web.StreamResponse:
     access, token = await _access(request)
-    endpoints = await request.app[STORE_KEY].endpoints(access)
+    endpoints = [{**e, "may_change": _may_change_outbox(access, e["name"])}
+                 for e in await request.app[STORE_KEY].endpoints(access)]
     return _render(request, "endpoints.html", {
-        "subject": access.subject, "endpoints": endpoints, "install_wide": access.install_wide,
-        "may_change": _may_change_outbox(access),
+        "subject": access.subject, "endpoints": endpoints, "reads_outbox": access.reads_outbox,
+        "may_change": any(e["may_change"] for e in endpoints),
     }, token=token)
 
 
@@ -401,8 +405,9 @@ async def deliveries_page(request: web.Request) -> web.StreamResponse:
     replayed = request.query.get("replayed", "")
     return _render(request, "deliveries.html", {
         "subject": access.subject, "deliveries": deliveries, "filters": filters,
-        "next": _next_link(request, next_cursor), "install_wide": access.install_wide,
-        "may_change": _may_change_outbox(access), "sent": request.query.get("sent") == "1",
+        "next": _next_link(request, next_cursor), "reads_outbox": access.reads_outbox,
+        "may_change": _may_change_outbox(access, filters.get("endpoint") or None),
+        "sent": request.query.get("sent") == "1",
         "replayed": int(replayed) if replayed.isdigit() else None,
     }, token=token)
 
@@ -414,7 +419,8 @@ async def delivery_page(request: web.Request) -> web.StreamResponse:
     replayed = request.query.get("replayed", "")
     return _render(request, "delivery.html", {
         "subject": access.subject, "delivery": delivery, "body": body_view(delivery),
-        "attempts": delivery.get("attempt_log") or [], "may_change": _may_change_outbox(access),
+        "attempts": delivery.get("attempt_log") or [],
+        "may_change": _may_change_outbox(access, delivery["endpoint"]),
         "replayed": int(replayed) if replayed.isdigit() else None,
     }, token=token)
 
@@ -474,7 +480,7 @@ def add_pages(app: web.Application, store: Store, authorizer: Authorizer, csrf_k
     app.router.add_get("/dead-letters", dead_letters_page, name="dead_letters")
     app.router.add_post("/dead-letters/replay", replay_dead_letters, name="replay_dead_letters")
     app.router.add_get("/endpoints", endpoints_page, name="endpoints")
-    app.router.add_post("/endpoints/{name}/test", send_test_event, name="send_test_event")
+    app.router.add_post("/endpoints/{name:.+}/test", send_test_event, name="send_test_event")
     app.router.add_get("/deliveries", deliveries_page, name="deliveries")
     app.router.add_get(r"/deliveries/{id:\d{1,20}}", delivery_page, name="delivery")
     app.router.add_post("/deliveries/replay", replay_deliveries, name="replay_deliveries")

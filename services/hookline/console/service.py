@@ -57,6 +57,7 @@ class Console:
         self.app = create_app(self.store, self.authorizer, pool, csrf_key=settings.csrf_key)
         if hasattr(self.authorizer, "record_replay"):  # Kubernetes: who may see what comes from the providers
             self.authorizer.provider_source = self._owners  # type: ignore[attr-defined]
+            self.authorizer.endpoint_source = self.store.endpoint_owners  # type: ignore[attr-defined]
             self.store.replay_hooks.append(self._record_replay)
         self._runner: web.AppRunner | None = None
 

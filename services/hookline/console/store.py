@@ -163,7 +163,8 @@ class Store:
         providers = "*" if access.read is None else json.dumps(sorted(access.read))
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute(db.query("scope", SQL), providers, "on" if access.install_wide else "off",
-                               f"{int(self.statement_timeout * 1000)}ms")
+                               f"{int(self.statement_timeout * 1000)}ms", json.dumps(sorted(access.endpoints)),
+                               json.dumps(sorted(access.namespaces)))
             yield conn
 
     # -- providers -------------------------------------------------------------------------------
@@ -172,6 +173,11 @@ class Store:
         """(name, owner_namespace, owner_name, owner_uid) of every provider, for the authorizer."""
         rows = await self.pool.fetch(db.query("provider_owners", SQL))
         return [(r["name"], r["owner_namespace"], r["owner_name"], r["owner_uid"]) for r in rows]
+
+    async def endpoint_owners(self) -> list[tuple[str, str, str]]:
+        """(name, namespace, resource name) of every WebhookEndpoint's endpoint, for the authorizer."""
+        rows = await self.pool.fetch(db.query("endpoint_owners", SQL))
+        return [(r["name"], r["namespace"], r["resource_name"]) for r in rows]
 
     async def providers(self, access: Access, only: str | None = None) -> list[dict[str, Any]]:
         """The providers the Access may read, with their queues' state and what is wrong."""
@@ -300,8 +306,8 @@ class Store:
     # -- the outbox ------------------------------------------------------------------------------
 
     async def endpoints(self, access: Access) -> list[dict[str, Any]]:
-        """Every endpoint with its circuit, what waits for it and its recent rate (install-wide only)."""
-        if not access.install_wide:
+        """The endpoints the Access may read, with their circuits, what waits and their recent rate."""
+        if not access.reads_outbox:
             return []
         async with self.scoped(access) as conn:
             rows = await conn.fetch(db.query("endpoints", SQL), RECENT_SECONDS)
@@ -311,7 +317,7 @@ class Store:
 
     async def deliveries(self, access: Access, filters: dict[str, str], limit: int = DEFAULT_LIMIT,
                          cursor: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
-        if not access.install_wide:
+        if not access.reads_outbox:
             return [], None
         if not 1 <= limit <= MAX_LIMIT:
             raise BadRequest("limit", f"limit must be from 1 to {MAX_LIMIT}")
@@ -329,8 +335,8 @@ class Store:
 
     async def delivery(self, access: Access, delivery_id: int) -> dict[str, Any]:
         """One delivery: its outbox event's payload (as an event's body), the partner's last answer
-        and every attempt (install-wide only)."""
-        if not access.install_wide or not 1 <= delivery_id < 2**63:
+        and every attempt (of an endpoint the Access may read)."""
+        if not access.reads_outbox or not 1 <= delivery_id < 2**63:
             raise NotFound(f"no delivery {delivery_id}")
         async with self.scoped(access) as conn:
             row = await conn.fetchrow(db.query("delivery", SQL), delivery_id, MAX_BODY_BYTES)
@@ -345,13 +351,19 @@ class Store:
 
     async def replay_deliveries(self, access: Access, *, ids: Sequence[int] | None = None,
                                 endpoint: str | None = None, dry_run: bool = False) -> dict[str, Any]:
-        if not access.install_wide or access.replay is not None:
-            raise Forbidden("replaying deliveries needs install-wide replay rights")
+        if not access.replays_every_endpoint and not access.endpoint_replay:
+            raise Forbidden("replaying deliveries needs replay rights on the endpoint (patch on its WebhookEndpoint)")
+        if endpoint is not None and not access.may_replay_endpoint(endpoint):
+            # 404 for an endpoint it may not even read (never a 403 that says it exists).
+            if endpoint in access.endpoints or access.install_wide:
+                raise Forbidden(f"replaying deliveries of {endpoint!r} needs patch on its WebhookEndpoint")
+            raise NotFound(f"no endpoint {endpoint!r}")
         if ids is not None and not 1 <= len(ids) <= MAX_IDS:
             raise BadRequest("ids", f"give from 1 to {MAX_IDS} delivery ids")
         async with self.scoped(access) as conn:
+            replayable = None if access.replays_every_endpoint else sorted(access.endpoint_replay)
             rows = await conn.fetch(db.query("dead_deliveries_to_replay", SQL), None if ids is None else list(ids),
-                                    endpoint, MAX_REPLAY + 1)
+                                    endpoint, MAX_REPLAY + 1, replayable)
             result = await self._requeue(conn, access, OUTBOX, rows, dry_run)
         await self._replayed(access, result, "endpoints")
         return result
@@ -381,18 +393,20 @@ class Store:
                 await hook(access, {key: result[key]})
 
     async def send_test_event(self, access: Access, endpoint: str) -> dict[str, Any]:
-        """Publish a ``hookline.test`` event through the outbox to ``endpoint`` only."""
-        if not access.install_wide:
+        """Publish a ``hookline.test`` event through the outbox to ``endpoint`` only (a WebhookEndpoint's
+        in its namespace): who may replay the endpoint's deliveries may send it one."""
+        if not access.reads_outbox:
             raise NotFound(f"no endpoint {endpoint!r}")
-        if access.replay is not None:
-            raise Forbidden("sending a test event needs install-wide rights")
         async with self.scoped(access) as conn:
             row = await conn.fetchrow(db.query("endpoint_exists", SQL), endpoint)
             if row is None:
                 raise NotFound(f"no endpoint {endpoint!r}")
+            if not access.may_replay_endpoint(endpoint):
+                raise Forbidden("sending a test event needs replay rights on the endpoint (patch on its resource)")
             await conn.execute("RESET ROLE")
+            namespace, _, name = endpoint.rpartition("/")
             event_id = await outbox.publish(conn, TEST_EVENT_TYPE, {"test": True, "sent_by": access.subject},
-                                            endpoint=endpoint)
+                                            endpoint=name, namespace=namespace or None)
         return {"event_id": event_id, "endpoint": endpoint, "event_type": TEST_EVENT_TYPE,
                 "parked": not row["enabled"]}
 

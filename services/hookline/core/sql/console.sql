@@ -7,11 +7,14 @@
 -- Read as this database's console role from here on (console_role_name() is evaluated first,
 -- as the owner, and raises rather than leave the transaction reading as the owner), with the
 -- request's Access for the policies: $1 a JSON array of provider names or '*', $2 'on' when the
--- outbox may be read; $3 the statement timeout (e.g. '5s'). All four end with the transaction.
+-- whole outbox may be read; $3 the statement timeout (e.g. '5s'); $4 and $5 JSON arrays of the
+-- WebhookEndpoints it may read and of their namespaces (migration 0033). All end with the transaction.
 SELECT set_config('role', hookline.console_role_name(), true),
        set_config('hookline.console_providers', $1, true),
        set_config('hookline.console_install_wide', $2, true),
-       set_config('statement_timeout', $3, true);
+       set_config('statement_timeout', $3, true),
+       set_config('hookline.console_endpoints', $4, true),
+       set_config('hookline.console_namespaces', $5, true);
 
 -- name: providers
 -- The providers the request may read ($1: only these names, or NULL).
@@ -99,8 +102,8 @@ FROM unnest($2::bigint[], $3::text[]) AS r(id, part);
 -- name: endpoints
 -- Every endpoint with its circuit and what waits for it (as status.sql's endpoint_status), plus
 -- the deliveries done and failed in the last $1 seconds (attempts_part_at_idx).
-SELECT e.name, e.url, e.event_types, e.enabled, e.disabled_reason, e.circuit_state, e.circuit_changed_at,
-       e.consecutive_failures,
+SELECT e.name, e.namespace, e.url, e.event_types, e.enabled, e.disabled_reason, e.circuit_state,
+       e.circuit_changed_at, e.consecutive_failures, e.paused, e.rate_per_second, e.rate_burst, e.max_in_flight,
        (SELECT count(*) FROM hookline.deliveries AS d WHERE d.endpoint = e.name AND d.status = 'pending')
            AS pending,
        (SELECT count(*) FROM hookline.deliveries AS d WHERE d.endpoint = e.name AND d.status = 'parked')
@@ -145,13 +148,19 @@ CROSS JOIN LATERAL (SELECT o.payload::text AS text) AS p
 WHERE d.id = $1;
 
 -- name: dead_deliveries_to_replay
--- Dead deliveries to replay: the ids $1, or those of endpoint $2 (deliveries_dead_idx); $3 at most.
+-- Dead deliveries to replay: the ids $1, or those of endpoint $2 (deliveries_dead_idx); $3 at most;
+-- of the endpoints $4 only (NULL: any the Access reads).
 SELECT d.id, d.endpoint FROM hookline.deliveries AS d
 WHERE d.status = 'dead'
   AND ($1::bigint[] IS NULL OR d.id = ANY ($1::bigint[]))
   AND ($2::text IS NULL OR d.endpoint = $2::text)
+  AND ($4::text[] IS NULL OR d.endpoint = ANY ($4::text[]))
 ORDER BY d.id DESC
 LIMIT $3;
+
+-- name: endpoint_owners
+-- Every endpoint a WebhookEndpoint is (NAMESPACE/NAME), for the Kubernetes authorizer, as the owner.
+SELECT name, namespace, resource_name FROM hookline.endpoints WHERE namespace IS NOT NULL ORDER BY name;
 
 -- name: provider_owners
 -- Every provider with the WebhookProvider that owns it (none for CLI-applied ones): what the

@@ -133,12 +133,30 @@ CREATE FUNCTION hookline.bounded_retention(spec jsonb, field text, unit interval
 
 
 --
+-- Name: console_endpoints(); Type: FUNCTION; Schema: hookline; Owner: -
+--
+
+CREATE FUNCTION hookline.console_endpoints() RETURNS text[]
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN CASE COALESCE(current_setting('hookline.console_endpoints'::text, true), ''::text) WHEN ''::text THEN '{}'::text[] ELSE ARRAY(SELECT jsonb_array_elements_text((current_setting('hookline.console_endpoints'::text, true))::jsonb) AS jsonb_array_elements_text) END;
+
+
+--
 -- Name: console_install_wide(); Type: FUNCTION; Schema: hookline; Owner: -
 --
 
 CREATE FUNCTION hookline.console_install_wide() RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
     RETURN (COALESCE(current_setting('hookline.console_install_wide'::text, true), ''::text) = 'on'::text);
+
+
+--
+-- Name: console_namespaces(); Type: FUNCTION; Schema: hookline; Owner: -
+--
+
+CREATE FUNCTION hookline.console_namespaces() RETURNS text[]
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN CASE COALESCE(current_setting('hookline.console_namespaces'::text, true), ''::text) WHEN ''::text THEN '{}'::text[] ELSE ARRAY(SELECT jsonb_array_elements_text((current_setting('hookline.console_namespaces'::text, true))::jsonb) AS jsonb_array_elements_text) END;
 
 
 --
@@ -277,7 +295,8 @@ BEGIN
     -- Reading only, column lists where a table holds secrets (providers.secrets and
     -- destination_secret, endpoints.secrets); the parents only, so no partition can be read
     -- past the policies.
-    EXECUTE format('GRANT EXECUTE ON FUNCTION hookline.console_providers(), hookline.console_install_wide() TO %I',
+    EXECUTE format('GRANT EXECUTE ON FUNCTION hookline.console_providers(), hookline.console_install_wide(), '
+                   'hookline.console_endpoints(), hookline.console_namespaces() TO %I',
                    reader);
     EXECUTE format('GRANT USAGE ON SCHEMA hookline TO %I', reader);
     EXECUTE format('GRANT SELECT (name, spec, updated_at, managed_by, owner_namespace, owner_name, owner_uid) '
@@ -287,7 +306,8 @@ BEGIN
                    'max_delay_seconds, timeout_seconds, enabled, disabled_at, disabled_reason, consecutive_failures, '
                    'circuit_open_until, created_at, circuit_state, circuit_changed_at, window_started_at, '
                    'window_successes, window_failures, previous_successes, previous_failures, probe_successes, '
-                   'probe_failures) ON hookline.endpoints TO %I', reader);
+                   'probe_failures, namespace, resource_name, paused, rate_per_second, rate_burst, max_in_flight, '
+                   'throttled_until, throttled_factor) ON hookline.endpoints TO %I', reader);
     EXECUTE format('GRANT SELECT ON hookline.deliveries, hookline.outbox TO %I', reader);
     FOR restriction IN SELECT * FROM (VALUES
         ('providers', 'console_providers',
@@ -296,12 +316,16 @@ BEGIN
          '(SELECT hookline.console_providers()) IS NULL OR provider = ANY ((SELECT hookline.console_providers())::text[])'),
         ('attempts', 'console_attempts',
          'CASE WHEN queue = ''inbox'' THEN (SELECT hookline.console_providers()) IS NULL '
-         'OR part = ANY ((SELECT hookline.console_providers())::text[]) ELSE (SELECT hookline.console_install_wide()) END'),
+         'OR part = ANY ((SELECT hookline.console_providers())::text[]) ELSE (SELECT hookline.console_install_wide()) '
+         'OR part = ANY ((SELECT hookline.console_endpoints())::text[]) END'),
         ('handler_problems', 'console_handler_problems',
          '(SELECT hookline.console_providers()) IS NULL OR provider = ANY ((SELECT hookline.console_providers())::text[])'),
-        ('endpoints', 'console_endpoints', '(SELECT hookline.console_install_wide())'),
-        ('deliveries', 'console_deliveries', '(SELECT hookline.console_install_wide())'),
-        ('outbox', 'console_outbox', '(SELECT hookline.console_install_wide())')
+        ('endpoints', 'console_endpoints',
+         '(SELECT hookline.console_install_wide()) OR name = ANY ((SELECT hookline.console_endpoints())::text[])'),
+        ('deliveries', 'console_deliveries',
+         '(SELECT hookline.console_install_wide()) OR endpoint = ANY ((SELECT hookline.console_endpoints())::text[])'),
+        ('outbox', 'console_outbox',
+         '(SELECT hookline.console_install_wide()) OR namespace = ANY ((SELECT hookline.console_namespaces())::text[])')
     ) AS r(tab, policy, expression) LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_policy WHERE polname = restriction.policy
                        AND polrelid = format('hookline.%I', restriction.tab)::regclass) THEN
@@ -2419,7 +2443,7 @@ ALTER TABLE hookline.attempts ENABLE ROW LEVEL SECURITY;
 CREATE POLICY console_attempts ON hookline.attempts AS RESTRICTIVE FOR SELECT TO hookline_console_<digest of the database name> USING (
 CASE
     WHEN (queue = 'inbox'::text) THEN ((( SELECT hookline.console_providers() AS console_providers) IS NULL) OR (part = ANY (( SELECT hookline.console_providers() AS console_providers)::text[])))
-    ELSE ( SELECT hookline.console_install_wide() AS console_install_wide)
+    ELSE (( SELECT hookline.console_install_wide() AS console_install_wide) OR (part = ANY (( SELECT hookline.console_endpoints() AS console_endpoints)::text[])))
 END);
 
 
@@ -2427,14 +2451,14 @@ END);
 -- Name: deliveries console_deliveries; Type: POLICY; Schema: hookline; Owner: -
 --
 
-CREATE POLICY console_deliveries ON hookline.deliveries AS RESTRICTIVE FOR SELECT TO hookline_console_<digest of the database name> USING (( SELECT hookline.console_install_wide() AS console_install_wide));
+CREATE POLICY console_deliveries ON hookline.deliveries AS RESTRICTIVE FOR SELECT TO hookline_console_<digest of the database name> USING ((( SELECT hookline.console_install_wide() AS console_install_wide) OR (endpoint = ANY (( SELECT hookline.console_endpoints() AS console_endpoints)::text[]))));
 
 
 --
 -- Name: endpoints console_endpoints; Type: POLICY; Schema: hookline; Owner: -
 --
 
-CREATE POLICY console_endpoints ON hookline.endpoints AS RESTRICTIVE FOR SELECT TO hookline_console_<digest of the database name> USING (( SELECT hookline.console_install_wide() AS console_install_wide));
+CREATE POLICY console_endpoints ON hookline.endpoints AS RESTRICTIVE FOR SELECT TO hookline_console_<digest of the database name> USING ((( SELECT hookline.console_install_wide() AS console_install_wide) OR (name = ANY (( SELECT hookline.console_endpoints() AS console_endpoints)::text[]))));
 
 
 --
@@ -2455,7 +2479,7 @@ CREATE POLICY console_handler_problems ON hookline.handler_problems AS RESTRICTI
 -- Name: outbox console_outbox; Type: POLICY; Schema: hookline; Owner: -
 --
 
-CREATE POLICY console_outbox ON hookline.outbox AS RESTRICTIVE FOR SELECT TO hookline_console_<digest of the database name> USING (( SELECT hookline.console_install_wide() AS console_install_wide));
+CREATE POLICY console_outbox ON hookline.outbox AS RESTRICTIVE FOR SELECT TO hookline_console_<digest of the database name> USING ((( SELECT hookline.console_install_wide() AS console_install_wide) OR (namespace = ANY (( SELECT hookline.console_namespaces() AS console_namespaces)::text[]))));
 
 
 --
@@ -2606,11 +2630,27 @@ REVOKE ALL ON FUNCTION hookline.bounded_retention(spec jsonb, field text, unit i
 
 
 --
+-- Name: FUNCTION console_endpoints(); Type: ACL; Schema: hookline; Owner: -
+--
+
+REVOKE ALL ON FUNCTION hookline.console_endpoints() FROM PUBLIC;
+GRANT ALL ON FUNCTION hookline.console_endpoints() TO hookline_console_<digest of the database name>;
+
+
+--
 -- Name: FUNCTION console_install_wide(); Type: ACL; Schema: hookline; Owner: -
 --
 
 REVOKE ALL ON FUNCTION hookline.console_install_wide() FROM PUBLIC;
 GRANT ALL ON FUNCTION hookline.console_install_wide() TO hookline_console_<digest of the database name>;
+
+
+--
+-- Name: FUNCTION console_namespaces(); Type: ACL; Schema: hookline; Owner: -
+--
+
+REVOKE ALL ON FUNCTION hookline.console_namespaces() FROM PUBLIC;
+GRANT ALL ON FUNCTION hookline.console_namespaces() TO hookline_console_<digest of the database name>;
 
 
 --
@@ -3025,6 +3065,62 @@ GRANT SELECT(probe_successes) ON TABLE hookline.endpoints TO hookline_console_<d
 --
 
 GRANT SELECT(probe_failures) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
+
+
+--
+-- Name: COLUMN endpoints.namespace; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(namespace) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
+
+
+--
+-- Name: COLUMN endpoints.resource_name; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(resource_name) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
+
+
+--
+-- Name: COLUMN endpoints.paused; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(paused) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
+
+
+--
+-- Name: COLUMN endpoints.rate_per_second; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(rate_per_second) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
+
+
+--
+-- Name: COLUMN endpoints.rate_burst; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(rate_burst) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
+
+
+--
+-- Name: COLUMN endpoints.max_in_flight; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(max_in_flight) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
+
+
+--
+-- Name: COLUMN endpoints.throttled_until; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(throttled_until) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
+
+
+--
+-- Name: COLUMN endpoints.throttled_factor; Type: ACL; Schema: hookline; Owner: -
+--
+
+GRANT SELECT(throttled_factor) ON TABLE hookline.endpoints TO hookline_console_<digest of the database name>;
 
 
 --
