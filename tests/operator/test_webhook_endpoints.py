@@ -131,6 +131,9 @@ async def test_each_team_publishes_to_its_own_partner_only_signed_with_its_secre
                            and o["status"].get("deliveredLastHour") == 3 and o)
     assert whe["status"]["circuit"] == "closed" and whe["status"]["deadLetters"] == 0
     assert condition(whe, "CircuitClosed")["status"] == "True" and condition(whe, "SecretReady")["status"] == "True"
+    listed = apiserver.kubectl("get", "whe", "-n", a.namespace).stdout.splitlines()
+    assert listed[0].split() == ["NAME", "URL", "READY", "CIRCUIT", "PENDING", "DEAD", "AGE"]
+    assert listed[1].split()[:6] == ["partner", a.endpoint.url, "True", "closed", "0", "0"]
     # No secret in the resource, its Events or the operator's log.
     for secret in (a.endpoint.secret, a.publisher.split("@")[0].rsplit(":", 1)[1]):
         assert secret not in json.dumps(whe) and all(secret not in e for e in event_lines(apiserver, a.namespace))
