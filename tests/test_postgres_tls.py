@@ -4,6 +4,7 @@ the server's side in pg_stat_ssl; and the clear one-line failures of a wrong CA 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -118,6 +119,18 @@ def _failed_handshakes(tls: TLSServer) -> int:
     return tls.log.read_text(errors="replace").count("could not accept SSL connection")
 
 
+async def _settled_handshakes(tls: TLSServer) -> int:
+    """_failed_handshakes once the server's log stopped growing: it writes the line a moment after the
+    handshake failed, so an earlier test's refusal can land after a count taken at once."""
+    count = _failed_handshakes(tls)
+    while True:
+        await asyncio.sleep(0.5)
+        now = _failed_handshakes(tls)
+        if now == count:
+            return count
+        count = now
+
+
 def _assert_one_clear_line(output: str, tls: TLSServer) -> None:
     lines = [line for line in output.splitlines() if line.strip()]
     assert len(lines) == 1, output
@@ -130,15 +143,15 @@ def _assert_one_clear_line(output: str, tls: TLSServer) -> None:
 
 async def test_a_wrong_ca_fails_once_with_one_clear_line(tls: TLSServer, log_dir: Path) -> None:
     url = tls.password_url(ca=tls.other_ca)
-    before = _failed_handshakes(tls)
+    before = await _settled_handshakes(tls)
     migrated = hookline_cli(url, "migrate")
     assert migrated.returncode == 2
     _assert_one_clear_line(migrated.stderr, tls)
-    assert _failed_handshakes(tls) == before + 1  # one attempt, no retry
+    assert await _settled_handshakes(tls) == before + 1  # one attempt, no retry
 
     # A service exits at once, status 2, rather than retrying: a certificate that does not verify is
     # configuration, and a restarting pod shows the line under its orchestrator's back-off.
-    before = _failed_handshakes(tls)
+    before = await _settled_handshakes(tls)
     service = worker(url, log_dir, wait=False)
     try:
         assert service.proc is not None
@@ -147,19 +160,19 @@ async def test_a_wrong_ca_fails_once_with_one_clear_line(tls: TLSServer, log_dir
         service.stop()
     _assert_one_clear_line(service.logs(), tls)
     # The pool's first connection (asyncpg opens the rest only once it is up), and nothing after it.
-    assert _failed_handshakes(tls) == before + 1
+    assert await _settled_handshakes(tls) == before + 1
 
 
 async def test_a_multi_host_url_names_every_host_it_tried(tls: TLSServer) -> None:
     # asyncpg tries each host in turn and raises the last one's error: the line names them all.
     port = tls.server.port
     url = tls.password_url(ca=tls.other_ca).replace(f"@127.0.0.1:{port}/", f"@localhost:{port},127.0.0.1:{port}/")
-    before = _failed_handshakes(tls)
+    before = await _settled_handshakes(tls)
     migrated = hookline_cli(url, "migrate")
     assert migrated.returncode == 2
     _assert_one_clear_line(migrated.stderr, tls)
     assert "host 127.0.0.1 (the last of localhost, 127.0.0.1 tried)" in migrated.stderr, migrated.stderr
-    assert _failed_handshakes(tls) == before + 2  # each host once, no retry
+    assert await _settled_handshakes(tls) == before + 2  # each host once, no retry
 
 
 async def test_a_host_the_certificate_does_not_name_fails_clearly(tmp_path: Path) -> None:
