@@ -169,6 +169,11 @@ def endpoint_secrets_context(endpoint: str) -> str:
     return f"hookline.endpoints.secrets[{endpoint}]"
 
 
+def endpoint_egress_context(endpoint: str, field: str) -> str:
+    """A secret of the endpoint's egress (``field``: proxy.credentials, tls.key, oauth2.clientSecret)."""
+    return f"hookline.endpoints.egress[{endpoint}].{field}"
+
+
 # -- secrets lists ([{"value", "notAfter"}]): only the values are sealed -------------------------
 
 

@@ -333,3 +333,11 @@ UPDATE hookline.endpoints
 SET rate_per_second = $2, rate_burst = $3, max_in_flight = $4, rate_tokens = NULL, rate_updated_at = NULL
 WHERE name = $1
 RETURNING name;
+
+-- name: endpoint_egress_for_update
+-- The stored egress (as text: with or without a jsonb codec), locked until set_egress commits.
+SELECT egress::text AS egress FROM hookline.endpoints WHERE name = $1 FOR UPDATE;
+
+-- name: set_endpoint_egress
+-- Written only when it changed: the endpoints_changed trigger makes every relay re-read its endpoints.
+UPDATE hookline.endpoints SET egress = $2::text::jsonb WHERE name = $1 AND egress IS DISTINCT FROM $2::text::jsonb;
