@@ -22,6 +22,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 
 from hookline import outbox
+from hookline.core import secrets_at_rest, stored_secrets
 from hookline.core.signatures import get_scheme
 from hookline.relay import endpoints
 from hookline.relay.endpoints import ClientTls, EgressConfig, EgressError, OAuth2ClientCredentials, ProxyConfig
@@ -167,6 +168,29 @@ async def test_secrets_are_sealed_in_the_row_and_a_rewrite_changes_nothing(pool:
         assert not await endpoints.set_egress(conn, "missing", config)
         assert await endpoints.set_egress(conn, "sealed", None)
         assert {e.name: e for e in await endpoints.load(conn)}["sealed"].egress is None
+
+
+async def test_rotate_key_rewraps_the_egress_secrets_too(pool: asyncpg.Pool, pki: Pki, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    old, new = secrets_at_rest.new_key_line(), secrets_at_rest.new_key_line()
+
+    def use_keys(*keys: str) -> None:
+        path = tmp_path / f"keys-{len(list(tmp_path.glob('keys-*')))}"
+        path.write_text("\n".join(keys) + "\n")
+        monkeypatch.setenv(secrets_at_rest.KEYS_FILE_ENV, str(path))
+
+    config = EgressConfig(proxy=ProxyConfig("http://127.0.0.1:3128", f"relay:{PROXY_PASSWORD}"),
+                          tls=ClientTls(pki.client_cert, pki.client_key),
+                          oauth2=OAuth2ClientCredentials("https://idp.example/token", "hookline", CLIENT_SECRET))
+    use_keys(old)
+    async with pool.acquire() as conn:
+        await endpoints.add(conn, "rotated", "https://example.com/hook")
+        await endpoints.set_egress(conn, "rotated", config)
+        use_keys(new, old)
+        report = await stored_secrets.reseal_all(conn, secrets_at_rest.required_ring("test"), rewrap=True)
+        assert report.rewrapped == 4  # the signing secret and the three egress secrets
+        use_keys(new)  # the old key is gone: everything still opens
+        assert {e.name: e for e in await endpoints.load(conn)}["rotated"].egress == config
 
 
 # -- mTLS ---------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import re
 import ssl
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,20 +226,6 @@ class EgressConfig:
 
 # -- stored form: {"proxy": {...} | "none", "tls": {...}, "oauth2": {...}}, secrets sealed ---------------
 
-SEALED_FIELDS = (("proxy", "credentials"), ("tls", "key"), ("oauth2", "clientSecret"))
-
-
-def map_sealed(stored: Mapping[str, Any], change: Callable[[str, str], str]) -> dict[str, Any]:
-    """``stored`` with each secret value replaced by ``change(value, field)`` (``field`` as in
-    ``SEALED_FIELDS``, e.g. ``tls.key``): sealing, opening and re-wrapping walk the same fields."""
-    result = {k: dict(v) if isinstance(v, dict) else v for k, v in stored.items()}
-    for section, name in SEALED_FIELDS:
-        part = result.get(section)
-        if isinstance(part, dict) and part.get(name) is not None:
-            part[name] = change(str(part[name]), f"{section}.{name}")
-    return result
-
-
 def to_stored(config: EgressConfig) -> dict[str, Any]:
     """The stored form, secrets still open (``seal`` them before it is written)."""
     stored: dict[str, Any] = {}
@@ -283,7 +269,7 @@ def seal(name: str, config: EgressConfig, ring: sealing.KeyRing | None,
                 with contextlib.suppress(sealing.SealedValueError):
                     kept[path] = (ring.open(value, sealing.endpoint_egress_context(name, path)), value)
             return value
-        map_sealed(stored, remember)
+        sealing.map_egress_secrets(stored, remember)
 
     def sealed(value: str, path: str) -> str:
         old = kept.get(path)
@@ -294,12 +280,12 @@ def seal(name: str, config: EgressConfig, ring: sealing.KeyRing | None,
                                          f"secrets at rest: set {sealing.KEYS_FILE_ENV}")
         return ring.seal(value, sealing.endpoint_egress_context(name, path))
 
-    return map_sealed(to_stored(config), sealed)
+    return sealing.map_egress_secrets(to_stored(config), sealed)
 
 
 def opened(name: str, stored: Mapping[str, Any], ring: sealing.KeyRing | None) -> EgressConfig:
     """The stored configuration of endpoint ``name``, secrets opened (SealedValueError, SecretKeyError)."""
-    return from_stored(map_sealed(stored, lambda value, path: sealing.open_value(
+    return from_stored(sealing.map_egress_secrets(stored, lambda value, path: sealing.open_value(
         ring, value, sealing.endpoint_egress_context(name, path))))
 
 
