@@ -476,7 +476,7 @@ def _add_endpoint_egress_parser(actions: Subparsers) -> None:
     tls.add_argument("--ca", metavar="F", help="PEM CA bundle that verifies the endpoint instead of the system's CAs")
     oauth = egress.add_argument_group("OAuth2 client credentials")
     oauth.add_argument("--oauth2-token-url", metavar="URL", help="the token endpoint")
-    oauth.add_argument("--oauth2-client-id", metavar="ID")
+    oauth.add_argument("--oauth2-client-id", metavar="ID", help="the client id the token is for")
     oauth.add_argument("--oauth2-client-secret-file", metavar="F", help="a file holding the client secret")
     oauth.add_argument("--oauth2-scope", metavar="S", action="append", default=[], help="a scope (repeatable)")
     oauth.add_argument("--oauth2-audience", metavar="A", help="the audience parameter some servers want")
