@@ -25,6 +25,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import os
 import re
 import ssl
@@ -43,6 +44,8 @@ from cryptography.hazmat.primitives import serialization
 from hookline.core import secrets_at_rest as sealing
 from hookline.core.delivery import DeliveryErrorKind, DeliveryResult
 from hookline.core.http_client import EgressProxy, WebhookClient
+
+log = logging.getLogger(__name__)
 
 
 class EgressError(ValueError):
@@ -324,12 +327,11 @@ class TokenSource:
     """One endpoint's OAuth2 token in one relay: kept until shortly before it expires, fetched once at
     a time (concurrent callers await the same fetch, and share its failure)."""
 
-    def __init__(self, credentials: OAuth2ClientCredentials, client: WebhookClient) -> None:
-        self._credentials, self._client = credentials, client
+    def __init__(self, endpoint: str, credentials: OAuth2ClientCredentials, client: WebhookClient) -> None:
+        self._endpoint, self._credentials, self._client = endpoint, credentials, client
         self._token: str | None = None
         self._refresh_at = 0.0
         self._fetch: asyncio.Task[str] | None = None
-        self.fetches = 0  # token requests sent (for tests and logs)
 
     async def token(self, timeout: float) -> str:
         if self._token is not None and time.monotonic() < self._refresh_at:
@@ -345,6 +347,11 @@ class TokenSource:
         if not task.cancelled():
             task.exception()  # retrieved: every waiter sees it; a fetch nobody awaits any more is not an error
 
+    def close(self) -> None:
+        """Stop a fetch under way (its waiters get CancelledError)."""
+        if self._fetch is not None:
+            self._fetch.cancel()
+
     def refused(self, token: str) -> None:
         """The endpoint answered 401 to ``token``: the next caller fetches a new one (once, however
         many deliveries saw the same refusal)."""
@@ -352,6 +359,15 @@ class TokenSource:
             self._token = None
 
     async def _request(self, timeout: float) -> str:
+        try:
+            token, lifetime = await self._fetch_token(timeout)
+        except TokenError as exc:
+            log.warning("no OAuth2 token for the endpoint", extra={"endpoint": self._endpoint, "error": str(exc)})
+            raise
+        log.info("OAuth2 token fetched", extra={"endpoint": self._endpoint, "expires_in": lifetime})
+        return token
+
+    async def _fetch_token(self, timeout: float) -> tuple[str, float]:
         c = self._credentials
         form = {"grant_type": "client_credentials"}
         if c.scopes:
@@ -362,7 +378,6 @@ class TokenSource:
         basic = base64.b64encode(f"{quote_plus(c.client_id)}:{quote_plus(c.client_secret)}".encode()).decode()
         headers = {"authorization": f"Basic {basic}", "content-type": "application/x-www-form-urlencoded",
                    "accept": "application/json"}
-        self.fetches += 1
         started = time.monotonic()
         result = await self._client.post(c.token_url, urlencode(form).encode(), headers, timeout=timeout,
                                          max_response_bytes=MAX_TOKEN_BYTES)
@@ -386,7 +401,7 @@ class TokenSource:
             lifetime = DEFAULT_TOKEN_SECONDS
         lifetime = max(lifetime, 0.0)
         self._token, self._refresh_at = token, started + lifetime - min(60.0, lifetime * 0.1)
-        return token
+        return token, lifetime
 
 
 def _without_query(url: str) -> str:
@@ -424,13 +439,15 @@ class EgressClients:
         if route is not None and (route.config is config or route.config == config):
             return route
         if route is not None:
+            if route.tokens is not None:
+                route.tokens.close()
             self._retired.append(route.client)
         proxy = None if config.direct else config.proxy.egress_proxy() if config.proxy else self._install_proxy
         client = WebhookClient(allow_private_networks=self.default.allow_private_networks,
                                connections=self._connections, proxy=proxy,
                                ssl_context=config.tls.ssl_context() if config.tls else None)
         route = self._routes[name] = _Route(config, client,
-                                            TokenSource(config.oauth2, client) if config.oauth2 else None)
+                                            TokenSource(name, config.oauth2, client) if config.oauth2 else None)
         return route
 
     async def post(self, name: str, config: EgressConfig, url: str, body: bytes, headers: dict[str, str],
@@ -442,28 +459,32 @@ class EgressClients:
             return DeliveryResult(None, "", 0.0, error=str(exc), error_kind=DeliveryErrorKind.TLS)
         if route.tokens is None:
             return await route.client.post(url, body, headers, timeout=timeout)
-        for attempt in range(2):
-            started = time.perf_counter()
-            try:
-                token = await route.tokens.token(timeout)
-            except TokenError as exc:
-                return DeliveryResult(None, "", time.perf_counter() - started, error=str(exc),
-                                      error_kind=DeliveryErrorKind.OAUTH2)
-            result = await route.client.post(url, body, {**headers, "authorization": f"Bearer {token}"},
-                                             timeout=timeout)
-            if result.status != 401 or attempt:
-                return result
+        result, token = await self._with_token(route, route.tokens, url, body, headers, timeout)
+        if result.status == 401 and token is not None:  # refused: a new token, and this delivery once more
             route.tokens.refused(token)
-        raise AssertionError("unreachable")
+            result, _ = await self._with_token(route, route.tokens, url, body, headers, timeout)
+        return result
 
-    def token_fetches(self, name: str) -> int:
-        route = self._routes.get(name)
-        return route.tokens.fetches if route is not None and route.tokens is not None else 0
+    @staticmethod
+    async def _with_token(route: _Route, tokens: TokenSource, url: str, body: bytes, headers: dict[str, str],
+                          timeout: float) -> tuple[DeliveryResult, str | None]:
+        """The POST with a bearer token, and that token (None: there was none to send)."""
+        started = time.perf_counter()
+        try:
+            token = await tokens.token(timeout)
+        except TokenError as exc:
+            return DeliveryResult(None, "", time.perf_counter() - started, error=str(exc),
+                                  error_kind=DeliveryErrorKind.OAUTH2), None
+        return await route.client.post(url, body, {**headers, "authorization": f"Bearer {token}"},
+                                       timeout=timeout), token
 
     async def retain(self, configs: Mapping[str, EgressConfig | None]) -> None:
         """Drop the clients of endpoints deleted or changed (their next delivery makes a new one)."""
         for name in [n for n, r in self._routes.items() if configs.get(n) != r.config]:
-            self._retired.append(self._routes.pop(name).client)
+            route = self._routes.pop(name)
+            if route.tokens is not None:
+                route.tokens.close()
+            self._retired.append(route.client)
         retired, self._retired = self._retired, []
         for client in retired:
             await client.close()
