@@ -401,6 +401,22 @@ async def test_a_bad_client_secret_is_a_clear_failure_without_the_secret(databas
         assert wrong not in text and CLIENT_SECRET not in text
 
 
+async def test_the_token_endpoint_is_behind_the_private_address_guard(database_url: str, pool: asyncpg.Pool,
+                                                                       log_dir: Path) -> None:
+    async with token_server({"hookline": CLIENT_SECRET}, delay=0.0) as tokens:
+        async with pool.acquire() as conn:
+            await endpoints.add(conn, "guarded-token", "http://127.0.0.1:9/hook", initial_delay=0.2, max_delay=0.5)
+            await endpoints.set_egress(conn, "guarded-token", oauth2(tokens, "hookline"))
+        relay = await asyncio.to_thread(relay_process, database_url, log_dir)  # private networks not allowed
+        try:
+            await publish(pool, "guarded-token")
+            error = await eventually(lambda: last_error(pool, "guarded-token"), timeout=20)
+        finally:
+            assert relay.stop() == 0, relay.logs()
+    assert "OAuth2 token endpoint" in error and "internal address" in error, error
+    assert tokens.forms == []
+
+
 # -- the command line ---------------------------------------------------------------------------------
 
 

@@ -26,6 +26,7 @@ import base64
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import ssl
@@ -388,8 +389,9 @@ class TokenSource:
         if not result.ok:
             code = answer.get("error")
             said = f" ({code})" if isinstance(code, str) and _ERROR_CODE.fullmatch(code) else ""
-            raise TokenError(f"{where} refused the client credentials of {c.client_id!r}: "
-                             f"HTTP {result.status}{said}")
+            what = f"refused the client credentials of {c.client_id!r}" if result.status in (400, 401, 403) \
+                else "failed"
+            raise TokenError(f"{where} {what}: HTTP {result.status}{said}")
         token, kind, expires = answer.get("access_token"), answer.get("token_type", "Bearer"), answer.get("expires_in")
         if not isinstance(token, str) or not _TOKEN.fullmatch(token):
             raise TokenError(f"{where} answered without a usable access_token")
@@ -399,7 +401,7 @@ class TokenSource:
             lifetime = DEFAULT_TOKEN_SECONDS if expires is None else float(expires)
         except (TypeError, ValueError):
             lifetime = DEFAULT_TOKEN_SECONDS
-        lifetime = max(lifetime, 0.0)
+        lifetime = max(lifetime, 0.0) if math.isfinite(lifetime) else DEFAULT_TOKEN_SECONDS
         self._token, self._refresh_at = token, started + lifetime - min(60.0, lifetime * 0.1)
         return token, lifetime
 
