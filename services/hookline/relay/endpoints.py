@@ -243,7 +243,8 @@ async def set_egress(conn: asyncpg.Connection, name: str, egress: EgressConfig |
         stored = json.loads(row["egress"]) if row["egress"] else None
         ring = sealing.configured_ring()
         value = None if egress is None else egress_mod.seal(name, egress, ring, stored)
-        await conn.execute(outbox.query("set_endpoint_egress"), name, None if value is None else json.dumps(value))
+        if value != stored:  # else not even a statement: its trigger would make every relay re-read
+            await conn.execute(outbox.query("set_endpoint_egress"), name, None if value is None else json.dumps(value))
     return True
 
 

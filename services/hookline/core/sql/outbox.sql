@@ -339,5 +339,5 @@ RETURNING name;
 SELECT egress::text AS egress FROM hookline.endpoints WHERE name = $1 FOR UPDATE;
 
 -- name: set_endpoint_egress
--- Written only when it changed: the endpoints_changed trigger makes every relay re-read its endpoints.
-UPDATE hookline.endpoints SET egress = $2::text::jsonb WHERE name = $1 AND egress IS DISTINCT FROM $2::text::jsonb;
+-- set_egress runs it only when the value changed: the endpoints_changed trigger makes every relay re-read.
+UPDATE hookline.endpoints SET egress = $2::text::jsonb WHERE name = $1;
