@@ -138,8 +138,9 @@ class ClientTls:
                 # ssl reads a certificate chain from files only: memory-backed ones, gone when closed.
                 with _memory_file(self.certificate) as cert, _memory_file(self.key) as key:
                     context.load_cert_chain(cert, key)
-        except ssl.SSLError as exc:
-            raise EgressError(f"TLS refuses this client certificate, key or CA bundle: {exc.reason or exc}") from None
+        except OSError as exc:  # ssl.SSLError among them; never the key's text
+            reason = getattr(exc, "reason", None) or exc.strerror or exc
+            raise EgressError(f"TLS refuses this client certificate, key or CA bundle: {reason}") from None
         return context
 
 
@@ -305,7 +306,10 @@ def load(name: str, stored: object) -> EgressConfig | None:
     text = json.dumps(value, sort_keys=True)
     config = _opened.get((name, text))
     if config is None:
-        config = opened(name, value, sealing.configured_ring())
+        try:
+            config = opened(name, value, sealing.configured_ring())
+        except (KeyError, TypeError, AttributeError) as exc:  # written by set_egress only, or by hand
+            raise EgressError(f"the stored egress of {name!r} is malformed ({type(exc).__name__}: {exc})") from None
         if len(_opened) > 10_000:
             _opened.clear()
         _opened[(name, text)] = config
