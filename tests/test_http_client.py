@@ -376,6 +376,6 @@ async def test_tls_verifies_the_server_certificate(certificate: tuple[Path, Path
         await trusting.close()
         await default.close()
     assert first.body == second.body == "secure" and trusting.connections_opened == 1
-    assert refused.status is None and refused.error_kind is DeliveryErrorKind.CONNECTION
+    assert refused.status is None and refused.error_kind is DeliveryErrorKind.TLS
     assert refused.error is not None and "CERTIFICATE_VERIFY_FAILED" in refused.error
     assert len(server.received) == 2  # the unverified server got nothing

@@ -392,7 +392,8 @@ def configure_endpoints_parser(subparsers: Subparsers) -> None:
         examples="  hookline endpoints add billing --url https://billing.example.com/hooks --event-type 'invoice.*'\n"
         "  hookline endpoints list\n"
         "  hookline endpoints rotate-secret billing --overlap-hours 48\n"
-        "  hookline endpoints set-retention billing --done-hours 24 --dead-days 30\n")
+        "  hookline endpoints set-retention billing --done-hours 24 --dead-days 30\n"
+        "  hookline endpoints egress billing --client-cert client.pem --client-key client.key\n")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     add = _add_command(actions, "add", "create an endpoint; prints its secret once")
     add.add_argument("name")
@@ -435,12 +436,52 @@ def configure_endpoints_parser(subparsers: Subparsers) -> None:
                       help="deliveries waiting for the endpoint's answer at once, over all relays")
     rate.add_argument("--none", action="store_true", help="remove the endpoint's limit")
     _add_common(rate)
+    _add_endpoint_egress_parser(actions)
     retention = _add_command(actions, "set-retention",
                              "how long this endpoint's delivered events and dead letters are kept; a flag "
                              "left out goes back to the install's default")
     retention.add_argument("name")
     _add_endpoint_retention_flags(retention)
     _add_common(retention)
+
+
+def _add_endpoint_egress_parser(actions: Subparsers) -> None:
+    egress = _add_command(
+        actions, "egress", "give an endpoint its own proxy (or none), client certificate, CA or OAuth2 credentials",
+        description="Set how the relay reaches this endpoint, replacing what was set before (flags left out are "
+        "not kept); --clear goes back to the install's egress (HOOKLINE_EGRESS_PROXY, the system's CAs). "
+        "Secrets are read from files, never from the command line, checked (the key must match the "
+        "certificate, every PEM must parse), and stored encrypted at rest; on an error nothing is stored. "
+        "The private-address guard applies to the endpoint and to its token URL through any proxy. With "
+        "OAuth2 the relay fetches a token (client_credentials grant, client_secret_basic) with the "
+        "endpoint's proxy and TLS settings, sends it as 'Authorization: Bearer', keeps it until shortly "
+        "before it expires, and after a 401 fetches a new one and sends that delivery once more.",
+        examples="  hookline endpoints egress billing --proxy http://egress.internal:3128 "
+        "--proxy-credentials-file proxy.txt\n"
+        "  hookline endpoints egress billing --direct --client-cert client.pem --client-key client.key --ca ca.pem\n"
+        "  hookline endpoints egress billing --oauth2-token-url https://idp.example/oauth/token "
+        "--oauth2-client-id hookline --oauth2-client-secret-file secret.txt --oauth2-scope webhooks:write\n"
+        "  hookline endpoints egress billing --clear\n")
+    egress.add_argument("name")
+    proxy = egress.add_argument_group("proxy")
+    proxy.add_argument("--proxy", metavar="URL", help="an HTTP CONNECT proxy for this endpoint, http://host:port "
+                       "(instead of the install's)")
+    proxy.add_argument("--proxy-credentials-file", metavar="F", help="a file holding the proxy's user:password")
+    proxy.add_argument("--no-proxy", metavar="HOSTS", help="comma-separated hosts, .domains or CIDRs that bypass "
+                       "--proxy")
+    proxy.add_argument("--direct", action="store_true", help="no proxy for this endpoint, though the install has one")
+    tls = egress.add_argument_group("TLS")
+    tls.add_argument("--client-cert", metavar="F", help="PEM client certificate (then its intermediates) to present")
+    tls.add_argument("--client-key", metavar="F", help="PEM private key of --client-cert (unencrypted)")
+    tls.add_argument("--ca", metavar="F", help="PEM CA bundle that verifies the endpoint instead of the system's CAs")
+    oauth = egress.add_argument_group("OAuth2 client credentials")
+    oauth.add_argument("--oauth2-token-url", metavar="URL", help="the token endpoint")
+    oauth.add_argument("--oauth2-client-id", metavar="ID", help="the client id the token is for")
+    oauth.add_argument("--oauth2-client-secret-file", metavar="F", help="a file holding the client secret")
+    oauth.add_argument("--oauth2-scope", metavar="S", action="append", default=[], help="a scope (repeatable)")
+    oauth.add_argument("--oauth2-audience", metavar="A", help="the audience parameter some servers want")
+    egress.add_argument("--clear", action="store_true", help="remove the endpoint's own egress")
+    _add_common(egress)
 
 
 def _add_endpoint_retention_flags(p: argparse.ArgumentParser) -> None:

@@ -9,13 +9,16 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 
 from hookline.core import db, migrations, providers, secrets_at_rest
 from hookline.core.config import ConfigError
 from hookline.core.providers import SpecError
+
+if TYPE_CHECKING:
+    from hookline.relay.egress import EgressConfig
 
 
 def _fail(message: str) -> int:
@@ -212,7 +215,7 @@ async def console(args: argparse.Namespace) -> int:
 
 # What the CLI may not do to a WebhookEndpoint's row (`enable` after a 410 it may: a recovery).
 RESOURCE_OWNED_ACTIONS = frozenset({"update", "delete", "rotate-secret", "set-retention", "set-rate-limit", "pause",
-                                    "resume"})
+                                    "resume", "egress"})
 
 
 async def endpoints_cmd(args: argparse.Namespace) -> int:
@@ -248,7 +251,7 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
                 kept = f"{_kept(e.done_hours, 'h')}/{_kept(e.dead_days, 'd')}"
                 print(f"{e.name:<20} {state:<13} {'yes' if e.ordered else 'no':<8} "
                       f"{','.join(e.event_types):<28} {secret:<20} {kept:<15} {e.rate_limit or '-'!s:<24} "
-                      f"{e.url}")
+                      f"{e.url}" + (f"  [egress: {e.egress.describe()}]" if e.egress else ""))
         elif args.action == "set-retention":
             try:
                 found = await endpoints.set_retention(conn, args.name, args.done_hours, args.dead_days)
@@ -269,6 +272,8 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
             print(f"endpoint/{args.name} enabled; {unparked} parked deliveries requeued")
         elif args.action == "set-rate-limit":
             return await _set_rate_limit(conn, args)
+        elif args.action == "egress":
+            return await _set_egress(conn, args)
         elif args.action in ("pause", "resume"):
             if not await endpoints.set_paused(conn, args.name, args.action == "pause"):
                 return _fail(f"no endpoint named {args.name!r}")
@@ -299,6 +304,57 @@ async def _set_rate_limit(conn: asyncpg.Connection, args: argparse.Namespace) ->
     if not await endpoints.set_rate_limit(conn, args.name, limit):
         return _fail(f"no endpoint named {args.name!r}")
     print(f"endpoint/{args.name}: {'no rate limit' if limit is None else f'limited to {limit}'}")
+    return 0
+
+
+EGRESS_FLAGS = ("proxy", "proxy_credentials_file", "no_proxy", "direct", "client_cert", "client_key", "ca",
+                "oauth2_token_url", "oauth2_client_id", "oauth2_client_secret_file", "oauth2_scope", "oauth2_audience")
+
+
+def _egress_config(args: argparse.Namespace) -> EgressConfig | None:
+    """The EgressConfig the flags describe (None: --clear); raises EgressError, or OSError for a file."""
+    from hookline.relay import endpoints as e
+
+    def read(path: str | None, *, line: bool = False) -> str | None:
+        if path is None:
+            return None
+        text = Path(path).read_text()
+        return text.strip() if line else text
+
+    if args.clear:
+        return None
+    if (args.proxy_credentials_file or args.no_proxy) and not args.proxy:
+        raise e.EgressError("--proxy-credentials-file and --no-proxy go with --proxy")
+    bypass = tuple(h.strip() for h in (args.no_proxy or "").split(",") if h.strip())
+    proxy = e.ProxyConfig(args.proxy, read(args.proxy_credentials_file, line=True), bypass) if args.proxy else None
+    tls = e.ClientTls(read(args.client_cert), read(args.client_key), read(args.ca)) \
+        if args.client_cert or args.client_key or args.ca else None
+    oauth_flags = (args.oauth2_token_url, args.oauth2_client_id, args.oauth2_client_secret_file)
+    oauth2 = None
+    if any(oauth_flags) or args.oauth2_scope or args.oauth2_audience:
+        if not all(oauth_flags):
+            raise e.EgressError("OAuth2 needs --oauth2-token-url, --oauth2-client-id and --oauth2-client-secret-file")
+        oauth2 = e.OAuth2ClientCredentials(args.oauth2_token_url, args.oauth2_client_id,
+                                           read(args.oauth2_client_secret_file, line=True) or "",
+                                           tuple(args.oauth2_scope), args.oauth2_audience)
+    return e.EgressConfig(proxy, args.direct, tls, oauth2)
+
+
+async def _set_egress(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
+    from hookline.relay import endpoints
+
+    if args.clear and any(getattr(args, flag) for flag in EGRESS_FLAGS):
+        return _fail("--clear removes the endpoint's egress: give it alone")
+    try:
+        config = _egress_config(args)
+        found = await endpoints.set_egress(conn, args.name, config)
+    except endpoints.EgressError as exc:
+        return _fail(f"{exc} (nothing was changed)")
+    except OSError as exc:
+        return _fail(f"cannot read {exc.filename}: {exc.strerror}")
+    if not found:
+        return _fail(f"no endpoint named {args.name!r}")
+    print(f"endpoint/{args.name}: " + ("the install's egress" if config is None else f"egress {config.describe()}"))
     return 0
 
 

@@ -34,6 +34,8 @@ class DeliveryErrorKind(enum.StrEnum):
     TIMEOUT = "timeout"
     CONNECTION = "connection"  # refused, reset, DNS or TLS failure: the endpoint was not reached
     PROXY = "proxy"  # the egress proxy refused the tunnel, or could not be reached: the endpoint was not reached
+    TLS = "tls"  # the TLS handshake failed (certificate not trusted, client certificate refused): nothing was sent
+    OAUTH2 = "oauth2"  # no OAuth2 token (the token endpoint refused or was not reached): nothing was sent
 
 
 # Prefixes whose addresses carry an IPv4 address in their last 32 bits.

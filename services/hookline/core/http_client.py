@@ -409,6 +409,8 @@ class WebhookClient:
             error, kind = str(exc), DeliveryErrorKind.BLOCKED
         except ProxyError as exc:
             error, kind = f"egress proxy: {exc}", DeliveryErrorKind.PROXY
+        except ssl.SSLError as exc:  # an OSError: caught first. Certificate not trusted, client certificate refused
+            error, kind = f"TLS: {exc}", DeliveryErrorKind.TLS
         except ValueError as exc:  # a URL or header we refuse to send: nothing was sent
             error, kind = f"{type(exc).__name__}: {exc}", DeliveryErrorKind.CONNECTION
         except (OSError, ProtocolError) as exc:
@@ -498,6 +500,9 @@ class WebhookClient:
                 _, connection = await loop.create_connection(
                     _Connection, sock=sock, ssl=self._ssl if scheme == "https" else None,
                     server_hostname=host if scheme == "https" else None)
+            except ssl.SSLError:  # the handshake failed: another address of the name would fail it too
+                sock.close()
+                raise
             except OSError as exc:
                 sock.close()
                 last_error = exc
@@ -543,10 +548,7 @@ class WebhookClient:
             transport.set_protocol(connection)
             if scheme == "https":
                 assert self._ssl is not None
-                try:
-                    tls = await loop.start_tls(transport, connection, self._ssl, server_hostname=host)
-                except ssl.SSLError as exc:
-                    raise ConnectionError(f"TLS with {host}:{port} through the egress proxy failed ({exc})") from None
+                tls = await loop.start_tls(transport, connection, self._ssl, server_hostname=host)
                 assert tls is not None
                 transport = tls
             connection.connection_made(transport)

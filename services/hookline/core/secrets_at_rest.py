@@ -22,7 +22,7 @@ import binascii
 import hashlib
 import os
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,6 +167,27 @@ def destination_secret_context(provider: str) -> str:
 
 def endpoint_secrets_context(endpoint: str) -> str:
     return f"hookline.endpoints.secrets[{endpoint}]"
+
+
+def endpoint_egress_context(endpoint: str, field: str) -> str:
+    """A secret of the endpoint's egress (``field``: proxy.credentials, tls.key, oauth2.clientSecret)."""
+    return f"hookline.endpoints.egress[{endpoint}].{field}"
+
+
+# The secret values of an endpoint's stored egress (relay/egress.py): section, then key.
+EGRESS_SECRET_FIELDS = (("proxy", "credentials"), ("tls", "key"), ("oauth2", "clientSecret"))
+
+
+def map_egress_secrets(stored: Mapping[str, Any], change: Callable[[str, str], str]) -> dict[str, Any]:
+    """``stored`` (an endpoint's egress) with each secret value replaced by ``change(value, field)``
+    (``field`` e.g. ``tls.key``, as ``endpoint_egress_context`` takes it): sealing, opening and
+    re-wrapping walk the same fields."""
+    result = {k: dict(v) if isinstance(v, dict) else v for k, v in stored.items()}
+    for section, name in EGRESS_SECRET_FIELDS:
+        part = result.get(section)
+        if isinstance(part, dict) and part.get(name) is not None:
+            part[name] = change(str(part[name]), f"{section}.{name}")
+    return result
 
 
 # -- secrets lists ([{"value", "notAfter"}]): only the values are sealed -------------------------

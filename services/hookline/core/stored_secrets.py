@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 
 import asyncpg
 
@@ -60,6 +61,9 @@ async def reseal_all(conn: asyncpg.Connection, ring: sealing.KeyRing, *, rewrap:
         entries = json.loads(text)
         return json.dumps([{**e, "value": converge(str(e["value"]), context)} for e in entries])
 
+    def converge_egress(endpoint: str, value: str, field: str) -> str:
+        return converge(value, sealing.endpoint_egress_context(endpoint, field))
+
     async with conn.transaction():
         for row in await conn.fetch(_query("lock_provider_secrets")):
             name = row["name"]
@@ -70,9 +74,13 @@ async def reseal_all(conn: asyncpg.Connection, ring: sealing.KeyRing, *, rewrap:
             if json.loads(secrets) != json.loads(row["secrets"]) or destination != row["destination_secret"]:
                 await conn.execute(_query("set_provider_secrets"), name, secrets, destination)
         for row in await conn.fetch(_query("lock_endpoint_secrets")):
-            secrets = converge_list(row["secrets"], sealing.endpoint_secrets_context(row["name"]))
-            if json.loads(secrets) != json.loads(row["secrets"]):
-                await conn.execute(_query("set_endpoint_secrets"), row["name"], secrets)
+            name = row["name"]
+            secrets = converge_list(row["secrets"], sealing.endpoint_secrets_context(name))
+            egress = row["egress"] and json.dumps(sealing.map_egress_secrets(
+                json.loads(row["egress"]), partial(converge_egress, name)))
+            if json.loads(secrets) != json.loads(row["secrets"]) or (
+                    egress and json.loads(egress) != json.loads(row["egress"])):
+                await conn.execute(_query("set_endpoint_secrets"), name, secrets, egress)
     return report
 
 

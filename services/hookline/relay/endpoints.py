@@ -24,7 +24,11 @@ from hookline.core import secrets_at_rest as sealing
 from hookline.core.providers import active_secrets
 from hookline.core.queue import RetryPolicy
 from hookline.core.signatures import get_scheme, sign_standard_webhooks
+from hookline.relay import egress as egress_mod
 from hookline.relay.breaker import Circuit
+from hookline.relay.egress import ClientTls, EgressConfig, EgressError, OAuth2ClientCredentials, ProxyConfig
+
+__all__ = ["ClientTls", "EgressConfig", "EgressError", "OAuth2ClientCredentials", "ProxyConfig"]  # set_egress's
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +88,8 @@ class Endpoint:
     # The user's pause (spec.paused, `hookline endpoints pause`): its deliveries wait unclaimed.
     paused: bool = False
     rate_limit: RateLimit | None = None
+    # Its own proxy, client TLS and OAuth2 (relay/egress.py), secrets opened; None: the install's egress.
+    egress: EgressConfig | None = None
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> Endpoint:
@@ -96,6 +102,7 @@ class Endpoint:
             namespace=row["namespace"], paused=row["paused"],
             rate_limit=None if row["rate_per_second"] is None and row["max_in_flight"] is None else RateLimit(
                 row["rate_per_second"], row["rate_burst"], row["max_in_flight"]),
+            egress=egress_mod.load(row["name"], row["egress"]),
         )
 
     @property
@@ -198,7 +205,7 @@ async def load(conn: asyncpg.Connection | asyncpg.Pool) -> list[Endpoint]:
     for row in await conn.fetch(outbox.query("list_endpoints")):
         try:
             loaded.append(Endpoint.from_row(row))
-        except sealing.SealedValueError as exc:
+        except (sealing.SealedValueError, EgressError) as exc:
             log.error("endpoint's secrets do not open; ignoring it", extra={"endpoint": row["name"], "error": str(exc)})
     return loaded
 
@@ -221,6 +228,24 @@ async def set_rate_limit(conn: asyncpg.Connection, name: str, limit: RateLimit |
     """Limit an endpoint (None: no limit; its bucket starts full); False when there is no such endpoint."""
     values = (None, None, None) if limit is None else (limit.per_second, limit.burst, limit.max_in_flight)
     return await conn.fetchval(outbox.query("set_rate_limit"), name, *values) is not None
+
+
+async def set_egress(conn: asyncpg.Connection, name: str, egress: EgressConfig | None) -> bool:
+    """Give an endpoint its own egress (None: the install's again); False when there is no such
+    endpoint. Checked as the relay will use it first (an SSL context is made): on an error
+    (EgressError, SecretKeyError) nothing is stored. An unchanged configuration changes nothing."""
+    if egress is not None and egress.tls is not None:
+        egress.tls.ssl_context()
+    async with conn.transaction():
+        row = await conn.fetchrow(outbox.query("endpoint_egress_for_update"), name)
+        if row is None:
+            return False
+        stored = json.loads(row["egress"]) if row["egress"] else None
+        ring = sealing.configured_ring()
+        value = None if egress is None else egress_mod.seal(name, egress, ring, stored)
+        if value != stored:  # else not even a statement: its trigger would make every relay re-read
+            await conn.execute(outbox.query("set_endpoint_egress"), name, None if value is None else json.dumps(value))
+    return True
 
 
 async def set_paused(conn: asyncpg.Connection, name: str, paused: bool) -> bool:

@@ -49,6 +49,7 @@ from hookline.core.signatures import sign_standard_webhooks
 from hookline.relay import breaker
 from hookline.relay import endpoints as endpoints_mod
 from hookline.relay.breaker import BreakerSettings, CircuitState, CircuitUpdate
+from hookline.relay.egress import EgressClients
 from hookline.relay.endpoints import Endpoint, opened_secrets
 
 log = logging.getLogger(__name__)
@@ -224,6 +225,7 @@ class Relay(LeasedConsumer):
                                      in_flight=lambda: len(self.in_flight) + len(self.completing))
         self.client = WebhookClient(allow_private_networks=self.allow_private_networks, connections=concurrency,
                                     proxy=settings.egress_proxy)
+        self.egress = EgressClients(self.client, install_proxy=settings.egress_proxy, connections=concurrency)
         self._endpoints: dict[str, Endpoint] = {}
         self._endpoints_loaded = 0.0
         self._rotation = 0
@@ -271,6 +273,7 @@ class Relay(LeasedConsumer):
         await self.stop_loops()
         await self.bookkeeper.stop()
         await self.client.close()
+        await self.egress.close()
         log.info("relay stopped", extra={"worker": self.worker_id})
 
     def shortest_lease(self) -> float:
@@ -285,6 +288,7 @@ class Relay(LeasedConsumer):
     async def _refresh_endpoints(self) -> None:
         self._endpoints = {e.name: e for e in await endpoints_mod.load(self.pool)}
         self._endpoints_loaded = time.monotonic()
+        await self.egress.retain({name: e.egress for name, e in self._endpoints.items()})
         # A new endpoint's series at 0 (its state as loaded: it may be disabled), a deleted one's gone.
         for name in metrics.sync_endpoints(set(self._endpoints)):
             self._publish_state(self._endpoints[name])
@@ -520,6 +524,9 @@ class Relay(LeasedConsumer):
         headers["content-type"] = "application/json"
         if traceparent is not None:
             headers["traceparent"] = traceparent
+        if endpoint.egress is not None:  # its own proxy, TLS or OAuth2 (relay/egress.py)
+            return await self.egress.post(endpoint.name, endpoint.egress, endpoint.url, claimed.body, headers,
+                                          endpoint.timeout)
         return await self.client.post(endpoint.url, claimed.body, headers, timeout=endpoint.timeout)
 
     async def _disable(self, claimed: Claimed, result: DeliveryResult) -> None:

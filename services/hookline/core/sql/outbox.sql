@@ -37,6 +37,14 @@ SELECT namespace FROM hookline.endpoints WHERE name = $1;
 -- endpoints_changed trigger tells them); resuming sends them in their order.
 UPDATE hookline.endpoints SET paused = $2 WHERE name = $1 RETURNING name;
 
+-- name: endpoint_egress_for_update
+-- The stored egress (as text: with or without a jsonb codec), locked until set_egress commits.
+SELECT egress::text AS egress FROM hookline.endpoints WHERE name = $1 FOR UPDATE;
+
+-- name: set_endpoint_egress
+-- set_egress runs it only when the value changed: the endpoints_changed trigger makes every relay re-read.
+UPDATE hookline.endpoints SET egress = $2::text::jsonb WHERE name = $1;
+
 -- name: delete_endpoint
 -- Its deliveries go with it (ON DELETE CASCADE); the events stay for the others.
 DELETE FROM hookline.endpoints WHERE name = $1 RETURNING name;

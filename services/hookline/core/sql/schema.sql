@@ -1286,7 +1286,9 @@ CREATE TABLE hookline.endpoints (
     throttled_until timestamp with time zone,
     throttled_factor double precision DEFAULT 1 NOT NULL,
     circuit_openings integer DEFAULT 0 NOT NULL,
+    egress jsonb,
     CONSTRAINT endpoints_circuit_state_check CHECK ((circuit_state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
+    CONSTRAINT endpoints_egress_object CHECK ((jsonb_typeof(egress) = 'object'::text)),
     CONSTRAINT endpoints_initial_delay_seconds_check CHECK ((initial_delay_seconds >= (0)::double precision)),
     CONSTRAINT endpoints_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT endpoints_max_delay_seconds_check CHECK ((max_delay_seconds >= (0)::double precision)),
@@ -1318,6 +1320,13 @@ COMMENT ON COLUMN hookline.endpoints.namespace IS 'The Kubernetes namespace of t
 --
 
 COMMENT ON COLUMN hookline.endpoints.paused IS 'Set by the user (spec.paused, `hookline endpoints pause`): its deliveries wait, nothing is parked or lost.';
+
+
+--
+-- Name: COLUMN endpoints.egress; Type: COMMENT; Schema: hookline; Owner: -
+--
+
+COMMENT ON COLUMN hookline.endpoints.egress IS 'The endpoint''s own egress (proxy, client TLS, OAuth2), secret values sealed; NULL: the install''s.';
 
 
 --
@@ -2349,7 +2358,7 @@ ALTER INDEX hookline.outbox_pkey ATTACH PARTITION hookline.outbox_default_pkey;
 -- Name: endpoints endpoints_changed; Type: TRIGGER; Schema: hookline; Owner: -
 --
 
-CREATE TRIGGER endpoints_changed AFTER INSERT OR DELETE OR UPDATE OF url, event_types, ordered, secrets, max_attempts, initial_delay_seconds, max_delay_seconds, timeout_seconds, enabled, paused, rate_per_second, rate_burst, max_in_flight OR TRUNCATE ON hookline.endpoints FOR EACH STATEMENT EXECUTE FUNCTION hookline.endpoints_changed();
+CREATE TRIGGER endpoints_changed AFTER INSERT OR DELETE OR UPDATE OF url, event_types, ordered, secrets, max_attempts, initial_delay_seconds, max_delay_seconds, timeout_seconds, enabled, paused, rate_per_second, rate_burst, max_in_flight, egress OR TRUNCATE ON hookline.endpoints FOR EACH STATEMENT EXECUTE FUNCTION hookline.endpoints_changed();
 
 
 --

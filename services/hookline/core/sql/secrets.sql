@@ -11,10 +11,11 @@ SELECT name, secrets::text AS secrets, destination_secret FROM hookline.provider
 UPDATE hookline.providers SET secrets = $2::text::jsonb, destination_secret = $3 WHERE name = $1;
 
 -- name: lock_endpoint_secrets
-SELECT name, secrets::text AS secrets FROM hookline.endpoints ORDER BY name FOR UPDATE;
+-- The signing secrets and the egress (its secret values sealed: relay/egress.py).
+SELECT name, secrets::text AS secrets, egress::text AS egress FROM hookline.endpoints ORDER BY name FOR UPDATE;
 
 -- name: set_endpoint_secrets
-UPDATE hookline.endpoints SET secrets = $2::text::jsonb WHERE name = $1;
+UPDATE hookline.endpoints SET secrets = $2::text::jsonb, egress = $3::text::jsonb WHERE name = $1;
 
 -- name: count_plaintext_secrets
 -- Values from before encryption at rest (not in the sealed format, whose prefix is hl1:).
