@@ -8,17 +8,15 @@ CONNECT proxies (support/proxy.py). Every delivery is verified with ``standardwe
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import ssl
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 import pytest
-from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 
 from hookline import outbox
@@ -26,23 +24,17 @@ from hookline.core import secrets_at_rest, stored_secrets
 from hookline.core.signatures import get_scheme
 from hookline.relay import endpoints
 from hookline.relay.endpoints import ClientTls, EgressConfig, EgressError, OAuth2ClientCredentials, ProxyConfig
-from support.endpoints import Answer, Received, TestEndpoint
+from support.endpoints import Answer, TestEndpoint
+from support.oauth import TokenServer, token_server
 from support.processes import ServiceProcess, hookline_cli
 from support.processes import relay as relay_process
 from support.proxy import ConnectProxy
-from support.tls import Issued, issue, make_ca
+from support.tls import issue, make_ca, pem
 from support.tls_terminator import TlsTerminator
 from support.waiting import eventually
 
 PROXY_PASSWORD = "endpoint-proxy-pass-7"
 CLIENT_SECRET = "oauth-client-secret-9f2"
-
-
-def pem(issued: Issued) -> tuple[str, str]:
-    cert, key = issued
-    return (cert.public_bytes(serialization.Encoding.PEM).decode(),
-            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                              serialization.NoEncryption()).decode())
 
 
 @dataclass
@@ -267,54 +259,6 @@ async def test_a_private_target_is_blocked_through_an_endpoints_proxy(database_u
 
 
 # -- OAuth2 client credentials ------------------------------------------------------------------------
-
-
-@dataclass
-class TokenServer:
-    """An OAuth2 token endpoint (client_secret_basic); tokens tok-1, tok-2, ... each valid until revoked."""
-
-    clients: dict[str, str]  # client id -> secret
-    expires_in: int = 3600
-    delay: float = 0.3  # slow enough that concurrent deliveries overlap the fetch
-    issued: list[str] = field(default_factory=list)
-    forms: list[dict[str, str]] = field(default_factory=list)
-    revoked: set[str] = field(default_factory=set)
-    url: str = ""
-
-    async def handle(self, request: web.Request) -> web.Response:
-        form = {k: str(v) for k, v in (await request.post()).items()}
-        self.forms.append(form)
-        await asyncio.sleep(self.delay)
-        user, _, password = base64.b64decode(request.headers.get("authorization", "Basic ")[6:]).decode().partition(":")
-        if form.get("grant_type") != "client_credentials" or self.clients.get(user) != password:
-            return web.json_response({"error": "invalid_client", "error_description": f"bad {password}"}, status=401)
-        token = f"tok-{len(self.issued) + 1}-{user}"
-        self.issued.append(token)
-        return web.json_response({"access_token": token, "token_type": "bearer", "expires_in": self.expires_in})
-
-    def valid(self, received: Received) -> bool:
-        bearer = received.headers.get("authorization", "")
-        return bearer.startswith("Bearer ") and bearer[7:] in self.issued and bearer[7:] not in self.revoked
-
-    def answer(self, _n: int, received: Received) -> Answer:
-        return Answer(200 if self.valid(received) else 401)
-
-
-@asynccontextmanager
-async def token_server(clients: dict[str, str], **kwargs: object) -> AsyncIterator[TokenServer]:
-    server = TokenServer(clients, **kwargs)  # type: ignore[arg-type]
-    app = web.Application()
-    app.router.add_post("/token", server.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    assert site._server is not None
-    server.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/token"  # type: ignore[union-attr]
-    try:
-        yield server
-    finally:
-        await runner.cleanup()
 
 
 def oauth2(server: TokenServer, client_id: str, client_secret: str = CLIENT_SECRET) -> EgressConfig:

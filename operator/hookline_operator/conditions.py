@@ -92,7 +92,8 @@ def new_conflicts(before: Conditions, after: Conditions) -> list[tuple[str, str]
     ready_after = next((c for c in after if c.get("type") == "Ready"), None)
     if ready_after is None or ready_after.get("reason") not in ("NameConflict", "ResourceConflict",
                                                                 "HandlerNotAllowed", "PlacementNotAllowed",
-                                                                "HandlerNotImportable", "InvalidSecret"):
+                                                                "HandlerNotImportable", "InvalidSecret",
+                                                                "InvalidEgress", "EgressSecretMissing"):
         return []
     ready_before = next((c for c in before if c.get("type") == "Ready"), {})
     if (ready_before.get("reason"), ready_before.get("message")) == (ready_after["reason"], ready_after["message"]):

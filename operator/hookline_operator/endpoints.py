@@ -8,7 +8,9 @@ this resource owns:
 2. the endpoint's row, ``NAMESPACE/NAME`` in hookline.endpoints (no other namespace can hold that
    name), written only when it differs from the spec: each write makes every relay re-read its
    endpoints;
-3. the publisher credential: Secret ``NAME-publisher`` with a database URL whose role is a tenant of
+3. its egress (``spec.tls``, ``spec.auth``, ``spec.proxy``: relay/egress.py), with the values of
+   the Secrets they name, stored sealed (set_egress writes only when it changed);
+4. the publisher credential: Secret ``NAME-publisher`` with a database URL whose role is a tenant of
    the namespace (tenancy.ensure_worker_credentials), so the team's service publishes to this
    namespace's endpoints, and only to them.
 
@@ -32,7 +34,15 @@ from hookline.core import secrets_at_rest as sealing
 from hookline.core.queue import OUTBOX
 from hookline.core.settings import database_session_url, database_url
 from hookline.relay import endpoints as endpoint_rows
-from hookline.relay.endpoints import EndpointError, RateLimit
+from hookline.relay.endpoints import (
+    ClientTls,
+    EgressConfig,
+    EgressError,
+    EndpointError,
+    OAuth2ClientCredentials,
+    ProxyConfig,
+    RateLimit,
+)
 from hookline_operator import resources, tenancy, tokens
 from hookline_operator.conditions import Conditions, new_conflicts, now_iso, set_condition
 from hookline_operator.kube import Kube
@@ -168,6 +178,71 @@ async def release_row(pool: asyncpg.Pool, res: Resource) -> bool:
     return await pool.fetchval(outbox.query("release_endpoint"), qualified_name(res), res.uid) is not None
 
 
+# --- egress: client TLS, OAuth2 and the proxy, from Secrets of the namespace ------------------------
+
+
+class EgressProblem(Exception):
+    """Why the spec's egress cannot be used; ``reason`` for the Ready condition. Never holds a secret."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+async def desired_egress(kube: Kube, res: Resource, spec: dict[str, Any]) -> EgressConfig | None:
+    """The endpoint's own egress as ``spec.tls``, ``spec.auth`` and ``spec.proxy`` say, with the values
+    of the Secrets they name (read, never written); None: the install's egress."""
+    tls, oauth2, proxy = spec.get("tls"), (spec.get("auth") or {}).get("oauth2"), spec.get("proxy")
+    if not (tls or oauth2 or proxy):
+        return None
+
+    async def value(ref: dict[str, Any], key: str, field: str) -> str:
+        name = str(ref.get("name") or "")
+        found = await kube.read_secret(res.namespace, name)
+        if found is None:
+            raise EgressProblem("EgressSecretMissing", f"Secret {name} ({field}) does not exist")
+        if not found.data.get(key):
+            raise EgressProblem("EgressSecretMissing", f"Secret {name} ({field}) has no key {key!r}")
+        return found.data[key]
+
+    try:
+        client_tls = None
+        if tls:
+            cert_ref, ca_ref = tls.get("clientCertificateSecretRef"), tls.get("caSecretRef")
+            cert_field = "spec.tls.clientCertificateSecretRef"
+            client_tls = ClientTls(
+                certificate=await value(cert_ref, "tls.crt", cert_field) if cert_ref else None,
+                key=await value(cert_ref, "tls.key", cert_field) if cert_ref else None,
+                ca=await value(ca_ref, ca_ref.get("key") or "ca.crt", "spec.tls.caSecretRef") if ca_ref else None)
+        credentials = None
+        if oauth2:
+            ref = oauth2["clientSecretRef"]
+            credentials = OAuth2ClientCredentials(
+                token_url=str(oauth2["tokenUrl"]), client_id=str(oauth2["clientId"]),
+                client_secret=await value(ref, ref.get("key") or "client-secret", "spec.auth.oauth2.clientSecretRef"),
+                scopes=tuple(oauth2.get("scopes") or ()), audience=oauth2.get("audience"))
+        own_proxy = None
+        if proxy and proxy.get("url"):
+            ref = proxy.get("credentialsSecretRef")
+            own_proxy = ProxyConfig(
+                url=str(proxy["url"]), no_proxy=tuple(proxy.get("noProxy") or ()),
+                credentials=await value(ref, ref.get("key") or "credentials", "spec.proxy.credentialsSecretRef")
+                if ref else None)
+        return EgressConfig(proxy=own_proxy, direct=bool(proxy and proxy.get("direct")), tls=client_tls,
+                            oauth2=credentials)
+    except EgressError as exc:  # its messages name no secret (relay/egress.py)
+        raise EgressProblem("InvalidEgress", str(exc)) from None
+
+
+async def sync_egress(pool: asyncpg.Pool, name: str, egress: EgressConfig | None) -> None:
+    """Store it (set_egress writes, and wakes the relays, only when it changed)."""
+    async with pool.acquire() as conn:
+        try:
+            await endpoint_rows.set_egress(conn, name, egress)
+        except EgressError as exc:
+            raise EgressProblem("InvalidEgress", str(exc)) from None
+
+
 # --- converge and status -------------------------------------------------------------------------
 
 
@@ -195,8 +270,17 @@ async def converge(pool: asyncpg.Pool, kube: Kube, body: kopf.Body, res: Resourc
         return Observation(secret, RowState(False, "InvalidSecret",
                                             f"Secret {wanted.name} key {wanted.key} is not a Standard Webhooks "
                                             f"secret (whsec_ + base64)"), None)
+    try:
+        egress = await desired_egress(kube, res, spec)
+    except EgressProblem as exc:
+        # The row keeps its last egress meanwhile: deliveries go as before rather than unguarded.
+        return Observation(secret, RowState(False, exc.reason, str(exc)), None)
     if await sync_row(pool, res, parsed, secrets):
         announce(body, "EndpointSynced", f"endpoint {qualified_name(res)} stored as the spec says")
+    try:
+        await sync_egress(pool, qualified_name(res), egress)
+    except EgressProblem as exc:
+        return Observation(secret, RowState(False, exc.reason, str(exc)), None)
     publisher = await tenancy.ensure_worker_credentials(
         kube, pool, body, res.namespace, res.name, res.uid, database_url(), database_session_url(),
         secret_name=publisher_secret_name(res.name), kind=KIND)

@@ -225,3 +225,83 @@ async def test_bad_resources_are_refused_by_the_api_server_with_the_field_named(
     assert apiserver.kubectl("get", "whe", "-n", namespace, "-o", "name").stdout.strip() == ""
     explained = apiserver.kubectl("explain", "whe.spec.rateLimit").stdout
     assert "held by all relays together" in explained and "maxInFlight" in explained
+
+
+EGRESS_ENDPOINT = """
+apiVersion: hookline.io/v1alpha1
+kind: WebhookEndpoint
+metadata: {{name: secured}}
+spec:
+  url: "{url}"
+  retry: {{maxAttempts: 20, initialDelaySeconds: 0.2, maxDelaySeconds: 0.5}}
+  tls:
+    clientCertificateSecretRef: {{name: relay-client}}
+    caSecretRef: {{name: partner-ca}}
+  auth:
+    oauth2:
+      tokenUrl: "{token_url}"
+      clientId: hookline
+      clientSecretRef: {{name: partner-oauth}}
+      scopes: ["hooks:write"]
+"""
+
+
+async def test_mtls_and_oauth2_come_from_the_namespaces_secrets(apiserver: ApiServer, database_url: str,
+                                                               log_dir: Path, tmp_path: Path) -> None:
+    """spec.tls and spec.auth name Secrets of the namespace; the operator stores their values sealed
+    (set_egress), the relay presents the client certificate to a server that demands one and sends a
+    token from the token endpoint. A missing Secret says so in Ready; nothing secret leaves the Secrets."""
+    import ssl
+
+    from support.oauth import token_server
+    from support.tls import issue, make_ca, pem
+    from support.tls_terminator import TlsTerminator
+
+    client_secret = f"oauth-{uuid.uuid4().hex}"
+    ca = make_ca("partner CA")
+    ca_pem = pem(ca)[0]
+    client_cert, client_key = pem(issue(ca, "hookline-relay", client=True))
+    server_cert, server_key = pem(issue(ca, "localhost", names=("localhost", "127.0.0.1")))
+    (tmp_path / "server.pem").write_text(server_cert)
+    (tmp_path / "server.key").write_text(server_key)
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(tmp_path / "server.pem", tmp_path / "server.key")
+    server.verify_mode = ssl.CERT_REQUIRED
+    server.load_verify_locations(cadata=ca_pem)
+    (tmp_path / "client.pem").write_text(client_cert)
+    (tmp_path / "client.key").write_text(client_key)
+    (tmp_path / "ca.crt").write_text(ca_pem)
+
+    ns = new_namespace(apiserver)
+    async with token_server({"hookline": client_secret}) as tokens, TestEndpoint("whsec_x", tokens.answer) as ep:
+        with TlsTerminator(server, ep.port) as front:
+            operator = start_operator(apiserver, [ns], database_url, log_dir)
+            relays: list[ServiceProcess] = []
+            try:
+                apiserver.kubectl("apply", "-n", ns, "-f", "-", input=EGRESS_ENDPOINT.format(
+                    url=f"https://localhost:{front.port}/hook", token_url=tokens.url))
+                missing = await ready(apiserver, ns, "secured", "EgressSecretMissing")
+                assert "relay-client" in condition(missing, "Ready")["message"]
+                apiserver.kubectl("create", "secret", "tls", "relay-client", "-n", ns,
+                                  f"--cert={tmp_path / 'client.pem'}", f"--key={tmp_path / 'client.key'}")
+                apiserver.kubectl("create", "secret", "generic", "partner-ca", "-n", ns,
+                                  f"--from-file=ca.crt={tmp_path / 'ca.crt'}")
+                apiserver.kubectl("create", "secret", "generic", "partner-oauth", "-n", ns,
+                                  f"--from-literal=client-secret={client_secret}")
+                whe = await ready(apiserver, ns, "secured")
+                ep.secret = secret_data(apiserver, ns, "secured-endpoint-secret")["secret"]
+                publisher = secret_data(apiserver, ns, whe["status"]["publisherSecret"])["url"]
+                relays.append(await asyncio.to_thread(relay, database_url, log_dir, "--allow-private-networks"))
+                ids = [await publish(publisher, "order.paid", n) for n in range(3)]
+                await eventually(lambda: len(ep.delivered()) == 3, timeout=30)
+                assert {r.webhook_id for r in ep.delivered()} == set(ids) and ep.invalid == []
+                assert front.failures == [] and len(tokens.issued) == 1
+                whe = kget(apiserver, ns, "whe", "secured")
+                logs = operator.logs() + "".join(r.logs() for r in relays)
+                for secret in (client_key.splitlines()[1], client_secret, tokens.issued[0]):
+                    assert secret not in json.dumps(whe) and secret not in logs
+                    assert all(secret not in e for e in event_lines(apiserver, ns))
+            finally:
+                for process in relays:
+                    process.stop()
+                operator.stop()

@@ -74,6 +74,14 @@ def _general_name(name: str) -> x509.GeneralName:
         return x509.DNSName(name)
 
 
+def pem(issued: Issued) -> tuple[str, str]:
+    """The certificate and its unencrypted private key, as PEM text."""
+    cert, key = issued
+    return (cert.public_bytes(serialization.Encoding.PEM).decode(),
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()).decode())
+
+
 def write_pem(issued: Issued, cert_path: Path, key_path: Path | None = None) -> None:
     cert, key = issued
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
