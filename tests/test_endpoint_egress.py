@@ -29,7 +29,7 @@ from support.oauth import TokenServer, token_server
 from support.processes import ServiceProcess, hookline_cli
 from support.processes import relay as relay_process
 from support.proxy import ConnectProxy
-from support.tls import issue, make_ca, pem
+from support.tls import issue, make_ca, mtls_server_context, pem
 from support.tls_terminator import TlsTerminator
 from support.waiting import eventually
 
@@ -53,13 +53,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     ca = make_ca("egress test CA")
     ca_pem, _ = pem(ca)
     client_cert, client_key = pem(issue(ca, "relay-client", client=True))
-    server_cert, server_key = pem(issue(ca, "localhost", names=("localhost", "127.0.0.1")))
-    (directory / "server.pem").write_text(server_cert)
-    (directory / "server.key").write_text(server_key)
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(directory / "server.pem", directory / "server.key")
-    server.verify_mode = ssl.CERT_REQUIRED
-    server.load_verify_locations(cadata=ca_pem)
+    server = mtls_server_context(ca, directory)
     return Pki(ca_pem, pem(make_ca("an unrelated CA"))[0], client_cert, client_key,
                pem(issue(ca, "someone else", client=True))[1], server)
 

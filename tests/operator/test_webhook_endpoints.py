@@ -251,23 +251,15 @@ async def test_mtls_and_oauth2_come_from_the_namespaces_secrets(apiserver: ApiSe
     """spec.tls and spec.auth name Secrets of the namespace; the operator stores their values sealed
     (set_egress), the relay presents the client certificate to a server that demands one and sends a
     token from the token endpoint. A missing Secret says so in Ready; nothing secret leaves the Secrets."""
-    import ssl
-
     from support.oauth import token_server
-    from support.tls import issue, make_ca, pem
+    from support.tls import issue, make_ca, mtls_server_context, pem
     from support.tls_terminator import TlsTerminator
 
     client_secret = f"oauth-{uuid.uuid4().hex}"
     ca = make_ca("partner CA")
     ca_pem = pem(ca)[0]
     client_cert, client_key = pem(issue(ca, "hookline-relay", client=True))
-    server_cert, server_key = pem(issue(ca, "localhost", names=("localhost", "127.0.0.1")))
-    (tmp_path / "server.pem").write_text(server_cert)
-    (tmp_path / "server.key").write_text(server_key)
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(tmp_path / "server.pem", tmp_path / "server.key")
-    server.verify_mode = ssl.CERT_REQUIRED
-    server.load_verify_locations(cadata=ca_pem)
+    server = mtls_server_context(ca, tmp_path)
     (tmp_path / "client.pem").write_text(client_cert)
     (tmp_path / "client.key").write_text(client_key)
     (tmp_path / "ca.crt").write_text(ca_pem)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import shutil
+import ssl
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,18 @@ def pem(issued: Issued) -> tuple[str, str]:
     return (cert.public_bytes(serialization.Encoding.PEM).decode(),
             key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                               serialization.NoEncryption()).decode())
+
+
+def mtls_server_context(ca: Issued, directory: Path) -> ssl.SSLContext:
+    """A server context for localhost (and 127.0.0.1) whose certificate ``ca`` signed, demanding a
+    client certificate ``ca`` signed too: a receiver that insists on mTLS."""
+    write_pem(issue(ca, "localhost", names=("localhost", "127.0.0.1")), directory / "server.pem",
+              directory / "server.key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(directory / "server.pem", directory / "server.key")
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(cadata=pem(ca)[0])
+    return context
 
 
 def write_pem(issued: Issued, cert_path: Path, key_path: Path | None = None) -> None:
