@@ -331,6 +331,12 @@ async def test_a_team_sees_and_replays_only_its_own_endpoints_through_a_real_con
         statuses = {r["endpoint"]: r["status"] for r in await pool.fetch(
             "SELECT endpoint, status FROM hookline.deliveries WHERE id = ANY ($1)", list(dead.values()))}
         assert statuses == {a: "pending", b: "dead"}
+        await eventually(lambda: any(
+            e.get("reason") == "Replayed" and e["involvedObject"] == {
+                **e["involvedObject"], "kind": "WebhookEndpoint", "name": "partner"}
+            and "replayed 1 delivery(ies)" in e["message"]
+            for e in json.loads(world.api.kubectl("get", "events", "-n", world.team_a, "-o", "json").stdout)["items"]),
+            timeout=30)
         assert await pool.fetchval("SELECT count(*) FROM hookline.deliveries AS d JOIN hookline.outbox AS o "
                                    "ON o.id = d.outbox_id WHERE o.event_type = 'hookline.test' "
                                    "AND d.endpoint = $1 AND o.namespace = $2", a, world.team_a) == 1

@@ -52,7 +52,7 @@ from hookline.console.access import Access
 log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL, KIND = "hookline.io", "v1alpha1", "webhookproviders", "WebhookProvider"
-ENDPOINTS = "webhookendpoints"
+ENDPOINTS, ENDPOINT_KIND = "webhookendpoints", "WebhookEndpoint"
 REPORTING_COMPONENT = "hookline-console"
 IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0  # the kubelet rotates a projected token well before it expires
@@ -283,21 +283,22 @@ class KubernetesAuthorizer:
                 frozenset(row[0] for row in rows if may("patch", row[1], row[2])))
 
     async def record_replay(self, owner_namespace: str, owner_name: str, owner_uid: str, subject: str,
-                            count: int) -> bool:
-        """A core/v1 Event on WebhookProvider ``owner_namespace/owner_name``: reason Replayed, "replayed
-        N event(s) on behalf of SUBJECT". False (and a log line) when the API server refused it: the
-        replay is done and recorded in the attempt log either way."""
+                            count: int, *, kind: str = KIND) -> bool:
+        """A core/v1 Event on the WebhookProvider (or ``kind``) ``owner_namespace/owner_name``: reason
+        Replayed, "replayed N event(s) on behalf of SUBJECT". False (and a log line) when the API server
+        refused it: the replay is done and recorded in the attempt log either way."""
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{owner_name[:200]}.", "namespace": owner_namespace},
-            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "namespace": owner_namespace,
+            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, "namespace": owner_namespace,
                                "name": owner_name, "uid": owner_uid},
             "type": "Normal",
             "reason": "Replayed",
             "action": "Replay",
-            "message": f"replayed {count} event(s) on behalf of {subject[:MAX_SUBJECT_CHARS]}",
+            "message": f"replayed {count} {'event(s)' if kind == KIND else 'delivery(ies)'} on behalf of "
+                       f"{subject[:MAX_SUBJECT_CHARS]}",
             "source": {"component": REPORTING_COMPONENT},
             "reportingComponent": REPORTING_COMPONENT,
             "reportingInstance": socket.gethostname()[:128],
@@ -308,8 +309,8 @@ class KubernetesAuthorizer:
         try:
             await self._post(f"/api/v1/namespaces/{owner_namespace}/events", body)
         except (aiohttp.ClientError, TimeoutError, KubeApiError) as exc:
-            log.warning("could not record the replay on WebhookProvider %s/%s as a Kubernetes Event: %s",
-                        owner_namespace, owner_name, _describe(exc))
+            log.warning("could not record the replay on %s %s/%s as a Kubernetes Event: %s",
+                        kind, owner_namespace, owner_name, _describe(exc))
             return False
         return True
 

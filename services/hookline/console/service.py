@@ -57,22 +57,32 @@ class Console:
         self.app = create_app(self.store, self.authorizer, pool, csrf_key=settings.csrf_key)
         if hasattr(self.authorizer, "record_replay"):  # Kubernetes: who may see what comes from the providers
             self.authorizer.provider_source = self._owners  # type: ignore[attr-defined]
-            self.authorizer.endpoint_source = self.store.endpoint_owners  # type: ignore[attr-defined]
+            self.authorizer.endpoint_source = self._endpoints  # type: ignore[attr-defined]
             self.store.replay_hooks.append(self._record_replay)
         self._runner: web.AppRunner | None = None
 
     async def _owners(self) -> list[tuple[str, str | None, str | None]]:
         return [(name, namespace, owner) for name, namespace, owner, _ in await self.store.provider_owners()]
 
+    async def _endpoints(self) -> list[tuple[str, str, str]]:
+        return [(name, namespace, resource) for name, namespace, resource, _ in await self.store.endpoint_owners()]
+
     async def _record_replay(self, access: Access, what: dict[str, dict[str, int]]) -> None:
-        """A Kubernetes Event on each WebhookProvider whose events were replayed (the attempt log has
-        the rows); a provider no resource owns has nowhere to put one."""
-        counts = what.get("providers") or {}
-        owners = {name: (ns, owner, uid) for name, ns, owner, uid in await self.store.provider_owners()}
-        for name, count in counts.items():
-            ns, owner, uid = owners.get(name, (None, None, None))
+        """A Kubernetes Event on each WebhookProvider whose events were replayed, and on each
+        WebhookEndpoint whose deliveries were (the attempt log has the rows); what no resource owns
+        has nowhere to put one."""
+        owners: dict[str, tuple[str, str | None, str | None, str | None]] = {}
+        if what.get("providers"):
+            owners.update({name: ("WebhookProvider", ns, owner, uid)
+                           for name, ns, owner, uid in await self.store.provider_owners()})
+        if what.get("endpoints"):
+            owners.update({name: ("WebhookEndpoint", ns, resource, uid)
+                           for name, ns, resource, uid in await self.store.endpoint_owners()})
+        for name, count in {**(what.get("providers") or {}), **(what.get("endpoints") or {})}.items():
+            kind, ns, owner, uid = owners.get(name, ("", None, None, None))
             if ns and owner and uid:
-                await self.authorizer.record_replay(ns, owner, uid, access.subject, count)  # type: ignore[attr-defined]
+                await self.authorizer.record_replay(  # type: ignore[attr-defined]
+                    ns, owner, uid, access.subject, count, kind=kind)
 
     @property
     def url(self) -> str:

@@ -174,10 +174,11 @@ class Store:
         rows = await self.pool.fetch(db.query("provider_owners", SQL))
         return [(r["name"], r["owner_namespace"], r["owner_name"], r["owner_uid"]) for r in rows]
 
-    async def endpoint_owners(self) -> list[tuple[str, str, str]]:
-        """(name, namespace, resource name) of every WebhookEndpoint's endpoint, for the authorizer."""
+    async def endpoint_owners(self) -> list[tuple[str, str, str, str | None]]:
+        """(name, namespace, resource name, owner uid) of every WebhookEndpoint's endpoint, for the
+        authorizer and the Events of replays."""
         rows = await self.pool.fetch(db.query("endpoint_owners", SQL))
-        return [(r["name"], r["namespace"], r["resource_name"]) for r in rows]
+        return [(r["name"], r["namespace"], r["resource_name"], r["owner_uid"]) for r in rows]
 
     async def providers(self, access: Access, only: str | None = None) -> list[dict[str, Any]]:
         """The providers the Access may read, with their queues' state and what is wrong."""

@@ -160,7 +160,7 @@ LIMIT $3;
 
 -- name: endpoint_owners
 -- Every endpoint a WebhookEndpoint is (NAMESPACE/NAME), for the Kubernetes authorizer, as the owner.
-SELECT name, namespace, resource_name FROM hookline.endpoints WHERE namespace IS NOT NULL ORDER BY name;
+SELECT name, namespace, resource_name, owner_uid FROM hookline.endpoints WHERE namespace IS NOT NULL ORDER BY name;
 
 -- name: provider_owners
 -- Every provider with the WebhookProvider that owns it (none for CLI-applied ones): what the
