@@ -219,6 +219,7 @@ RESOURCE_OWNED_ACTIONS = frozenset({"update", "delete", "rotate-secret", "set-re
 
 
 async def endpoints_cmd(args: argparse.Namespace) -> int:
+    from hookline.core.history import table
     from hookline.core.status import endpoint_state
     from hookline.relay import endpoints
 
@@ -243,15 +244,15 @@ async def endpoints_cmd(args: argparse.Namespace) -> int:
         elif args.action == "update":
             return await _update_endpoint(conn, args)
         elif args.action == "list":
-            print(f"{'NAME':<20} {'STATE':<13} {'ORDERED':<8} {'EVENT TYPES':<28} {'SECRET':<20} "
-                  f"{'KEPT DONE/DEAD':<15} {'RATE LIMIT':<24} URL")
-            for e in await endpoints.load(conn):
-                state = endpoint_state(e.enabled, str(e.circuit.state), e.paused)
-                secret = endpoints.fingerprint(e.secrets[0]) if e.secrets else "-"
-                kept = f"{_kept(e.done_hours, 'h')}/{_kept(e.dead_days, 'd')}"
-                print(f"{e.name:<20} {state:<13} {'yes' if e.ordered else 'no':<8} "
-                      f"{','.join(e.event_types):<28} {secret:<20} {kept:<15} {e.rate_limit or '-'!s:<24} "
-                      f"{e.url}" + (f"  [egress: {e.egress.describe()}]" if e.egress else ""))
+            rows = [(e.name, endpoint_state(e.enabled, str(e.circuit.state), e.paused), "yes" if e.ordered else "no",
+                     ",".join(e.event_types), endpoints.fingerprint(e.secrets[0]) if e.secrets else "-",
+                     f"{_kept(e.done_hours, 'h')}/{_kept(e.dead_days, 'd')}", str(e.rate_limit or "-"),
+                     e.url + (f"  [egress: {e.egress.describe()}]" if e.egress else ""))
+                    for e in await endpoints.load(conn)]
+            # Columns as wide as their widest cell: a WebhookEndpoint's name is NAMESPACE/NAME.
+            for line in table(("NAME", "STATE", "ORDERED", "EVENT TYPES", "SECRET", "KEPT DONE/DEAD", "RATE LIMIT",
+                               "URL"), rows, right=set()):
+                print(line)
         elif args.action == "set-retention":
             try:
                 found = await endpoints.set_retention(conn, args.name, args.done_hours, args.dead_days)
