@@ -48,7 +48,13 @@ from hookline_operator.conditions import Conditions, new_conflicts, now_iso, set
 from hookline_operator.kube import Kube
 from hookline_operator.ownership import Resource, resource_of
 from hookline_operator.provider_status import write_changed
-from hookline_operator.reconcile import SecretState, SigningSecret, announce, ensure_signing_secret
+from hookline_operator.reconcile import (
+    SecretState,
+    SigningSecret,
+    announce,
+    ensure_signing_secret,
+    observe_signing_secret,
+)
 
 log = logging.getLogger("hookline.operator")
 
@@ -380,12 +386,14 @@ async def handle_rotation(body: kopf.Body, spec: dict[str, Any], token: str, poo
     res = resource_of(body)
     wanted = signing_secret(res, spec)
     overlap = int(spec.get("rotationOverlapSeconds", tokens.DEFAULT_OVERLAP))
+    secret = await observe_signing_secret(kube, res, wanted)
 
     async def act(_conn: Any) -> dict[str, Any]:
-        if wanted.explicit:
+        if not secret.rotatable:  # a Secret this resource does not own: the user's, or none yet
             return {"at": now_iso(), "result": "Refused",
-                    "message": f"not rotated: Secret {wanted.name} was provided through spec.secretRef and the "
-                               f"operator never writes it; rotate it yourself (key previous keeps old keys signing)"}
+                    "message": f"not rotated: Secret {wanted.name} was not created by the operator for this "
+                               f"WebhookEndpoint, and the operator never writes it; rotate it yourself (key "
+                               f"previous keeps old keys signing)"}
         message = await tokens.rotate_secret(kube, res, wanted, overlap, token)
         return {"at": now_iso(), "result": "Rotated", "message": message}
 

@@ -297,3 +297,29 @@ async def test_mtls_and_oauth2_come_from_the_namespaces_secrets(apiserver: ApiSe
                 for process in relays:
                     process.stop()
                 operator.stop()
+
+
+async def test_a_secret_of_your_own_is_read_and_never_rotated(apiserver: ApiServer, database_url: str,
+                                                             log_dir: Path, pool: asyncpg.Pool) -> None:
+    ns = new_namespace(apiserver)
+    mine = "whsec_" + base64.b64encode(uuid.uuid4().bytes * 2).decode()
+    apiserver.kubectl("create", "secret", "generic", "partner-key", "-n", ns, f"--from-literal=signing={mine}")
+    operator = start_operator(apiserver, [ns], database_url, log_dir)
+    try:
+        apiserver.kubectl("apply", "-n", ns, "-f", "-", input=(
+            "apiVersion: hookline.io/v1alpha1\nkind: WebhookEndpoint\nmetadata: {name: partner}\nspec:\n"
+            "  url: https://partner.example/hooks\n  secretRef: {name: partner-key, key: signing}\n"))
+        whe = await ready(apiserver, ns, "partner")
+        assert condition(whe, "SecretReady")["reason"] == "SecretFound"
+        apiserver.kubectl("annotate", "whe", "partner", "-n", ns, "hookline.io/rotate-secret=r1")
+        whe = await eventually(lambda: (o := kget(apiserver, ns, "whe", "partner"))
+                               and (o["status"].get("rotation") or {}).get("lastHandledToken") == "r1" and o)
+        assert whe["status"]["rotation"]["result"] == "Refused"
+        assert secret_data(apiserver, ns, "partner-key") == {"signing": mine}
+        assert "partner-endpoint-secret" not in apiserver.kubectl("get", "secrets", "-n", ns, "-o", "name").stdout
+        # The row signs with your key (sealed at rest: not readable in the column).
+        stored = await pool.fetchval("SELECT secrets::text FROM hookline.endpoints WHERE name = $1", f"{ns}/partner")
+        assert mine not in stored
+    finally:
+        operator.stop()
+    assert mine not in operator.logs()
