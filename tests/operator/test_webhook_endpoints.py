@@ -243,6 +243,9 @@ spec:
       clientId: hookline
       clientSecretRef: {{name: partner-oauth}}
       scopes: ["hooks:write"]
+  proxy:
+    url: "{proxy_url}"
+    credentialsSecretRef: {{name: egress-proxy}}
 """
 
 
@@ -252,6 +255,7 @@ async def test_mtls_and_oauth2_come_from_the_namespaces_secrets(apiserver: ApiSe
     (set_egress), the relay presents the client certificate to a server that demands one and sends a
     token from the token endpoint. A missing Secret says so in Ready; nothing secret leaves the Secrets."""
     from support.oauth import token_server
+    from support.proxy import ConnectProxy
     from support.tls import issue, make_ca, mtls_server_context, pem
     from support.tls_terminator import TlsTerminator
 
@@ -265,13 +269,15 @@ async def test_mtls_and_oauth2_come_from_the_namespaces_secrets(apiserver: ApiSe
     (tmp_path / "ca.crt").write_text(ca_pem)
 
     ns = new_namespace(apiserver)
-    async with token_server({"hookline": client_secret}) as tokens, TestEndpoint("whsec_x", tokens.answer) as ep:
+    proxy_password = f"proxy-{uuid.uuid4().hex}"
+    async with token_server({"hookline": client_secret}) as tokens, TestEndpoint("whsec_x", tokens.answer) as ep, \
+            ConnectProxy(credentials=f"relay:{proxy_password}") as proxy:
         with TlsTerminator(server, ep.port) as front:
             operator = start_operator(apiserver, [ns], database_url, log_dir)
             relays: list[ServiceProcess] = []
             try:
                 apiserver.kubectl("apply", "-n", ns, "-f", "-", input=EGRESS_ENDPOINT.format(
-                    url=f"https://localhost:{front.port}/hook", token_url=tokens.url))
+                    url=f"https://localhost:{front.port}/hook", token_url=tokens.url, proxy_url=proxy.url))
                 missing = await ready(apiserver, ns, "secured", "EgressSecretMissing")
                 assert "relay-client" in condition(missing, "Ready")["message"]
                 apiserver.kubectl("create", "secret", "tls", "relay-client", "-n", ns,
@@ -280,6 +286,8 @@ async def test_mtls_and_oauth2_come_from_the_namespaces_secrets(apiserver: ApiSe
                                   f"--from-file=ca.crt={tmp_path / 'ca.crt'}")
                 apiserver.kubectl("create", "secret", "generic", "partner-oauth", "-n", ns,
                                   f"--from-literal=client-secret={client_secret}")
+                apiserver.kubectl("create", "secret", "generic", "egress-proxy", "-n", ns,
+                                  f"--from-literal=credentials=relay:{proxy_password}")
                 whe = await ready(apiserver, ns, "secured")
                 ep.secret = secret_data(apiserver, ns, "secured-endpoint-secret")["secret"]
                 publisher = secret_data(apiserver, ns, whe["status"]["publisherSecret"])["url"]
@@ -288,9 +296,12 @@ async def test_mtls_and_oauth2_come_from_the_namespaces_secrets(apiserver: ApiSe
                 await eventually(lambda: len(ep.delivered()) == 3, timeout=30)
                 assert {r.webhook_id for r in ep.delivered()} == set(ids) and ep.invalid == []
                 assert front.failures == [] and len(tokens.issued) == 1
+                # The deliveries and the token request went through the endpoint's own proxy, with its
+                # credentials from the Secret, to the checked addresses.
+                assert {a.authority for a in proxy.asked} >= {f"127.0.0.1:{front.port}"}
                 whe = kget(apiserver, ns, "whe", "secured")
                 logs = operator.logs() + "".join(r.logs() for r in relays)
-                for secret in (client_key.splitlines()[1], client_secret, tokens.issued[0]):
+                for secret in (client_key.splitlines()[1], client_secret, tokens.issued[0], proxy_password):
                     assert secret not in json.dumps(whe) and secret not in logs
                     assert all(secret not in e for e in event_lines(apiserver, ns))
             finally:
